@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# End to end on kind, for machines with Docker (`make e2e-kind`): create the cluster of
+# kind-config.yaml, build and load the images, install the chart, run a CPU-backed job, stop
+# the Docker container of a node running one of its trainer pods, and wait for the operator to
+# diagnose the hard failure, move the slice to the other node pool, and finish the job.
+# Needs docker, kind, kubectl and helm on PATH. KEEP=1 leaves the cluster up afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cluster=${CLUSTER:-tpujob-e2e}
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)
+operator_image=ghcr.io/tpujob/tpujob-operator:$version
+trainer_image=ghcr.io/tpujob/tpujob-trainer-cpu:$version
+job=kind-e2e
+chips_per_host=4
+export KUBECONFIG
+KUBECONFIG=$(mktemp)
+
+step() { printf '\n== %s\n' "$*"; }
+
+for tool in docker kind kubectl helm; do
+  command -v "$tool" >/dev/null || { echo "e2e-kind needs $tool on PATH" >&2; exit 1; }
+done
+
+finish() {
+  local status=$?
+  if [[ $status -ne 0 ]]; then
+    step "failed; cluster state"
+    kubectl get tpujobs,pods,nodes -A -o wide || true
+    kubectl -n tpujob-system logs deployment/tpujob-operator --tail=100 || true
+  fi
+  if [[ ${KEEP:-0} == 1 ]]; then
+    echo "cluster $cluster kept; KUBECONFIG=$KUBECONFIG"
+  else
+    kind delete cluster --name "$cluster" || true
+    rm -f "$KUBECONFIG"
+  fi
+  exit "$status"
+}
+trap finish EXIT
+
+# Polls until a command prints a number >= the wanted one; kubectl wait cannot compare numbers.
+wait_at_least() {
+  local want=$1 timeout=$2 what=$3 got
+  shift 3
+  for ((waited = 0; waited < timeout; waited += 5)); do
+    got=$("$@" || true)
+    if [[ ${got:-0} -ge $want ]]; then return 0; fi
+    sleep 5
+  done
+  echo "timed out after ${timeout}s waiting for $what >= $want (last: ${got:-none})" >&2
+  return 1
+}
+
+step "create kind cluster $cluster"
+kind create cluster --name "$cluster" --config kind-config.yaml --kubeconfig "$KUBECONFIG" \
+  --wait 180s
+
+step "build and load images"
+docker build -t "$operator_image" .
+docker build -t "$trainer_image" -f trainer_image/Dockerfile.cpu trainer_image
+kind load docker-image --name "$cluster" "$operator_image" "$trainer_image"
+
+step "advertise $chips_per_host google.com/tpu on each TPU worker (kind nodes have none)"
+for node in $(kubectl get nodes -l cloud.google.com/gke-tpu-accelerator -o name); do
+  kubectl patch "$node" --subresource=status --type=merge \
+    -p "{\"status\":{\"capacity\":{\"google.com/tpu\":\"$chips_per_host\"}}}"
+done
+
+step "install the operator chart"
+kubectl apply --server-side -f charts/tpujob-operator/crds/
+helm install tpujob-operator charts/tpujob-operator --namespace tpujob-system --create-namespace \
+  --set image.tag="$version" --set image.pullPolicy=Never --wait --timeout 5m
+
+step "run job $job and wait until it trains"
+kubectl apply -f hack/kind-job.yaml
+kubectl wait "tpujob/$job" --for=jsonpath='{.status.phase}'=Running --timeout=10m
+wait_at_least 10 300 "training step" \
+  kubectl get "tpujob/$job" -o jsonpath='{.status.progress.step}'
+
+step "stop the node container of one trainer pod (not the operator's node)"
+operator_node=$(kubectl -n tpujob-system get pods -l app.kubernetes.io/name=tpujob-operator \
+  -o jsonpath='{.items[0].spec.nodeName}')
+victim=$(kubectl get pods \
+  -o jsonpath="{.items[?(@.metadata.ownerReferences[0].name==\"$job\")].spec.nodeName}" |
+  tr ' ' '\n' | grep -vx "$operator_node" | head -n1 || true)
+[[ -n $victim ]] || { echo "found no trainer pod of $job to fail" >&2; exit 1; }
+echo "stopping $victim"
+docker stop "$victim"
+
+step "wait for the hard-failure recovery and the end of training"
+wait_at_least 1 600 "hard restarts" \
+  kubectl get "tpujob/$job" -o jsonpath='{.status.restarts.hard}'
+kubectl wait "tpujob/$job" --for=jsonpath='{.status.phase}'=Running --timeout=10m
+kubectl wait "tpujob/$job" --for=jsonpath='{.status.phase}'=Succeeded --timeout=20m
+kubectl get "tpujob/$job" -o wide
+kubectl get "tpujob/$job" -o jsonpath='{.status.lastFailure}{"\n"}'
+echo "e2e-kind passed: $job recovered from losing $victim and succeeded"

@@ -1,0 +1,366 @@
+"""Contract tests for the Helm chart: it lints, renders what each value asks for, grants the
+operator exactly the rights it uses, rejects values of the wrong type, and ships the CRDs the
+rest of the repository generates.
+
+They need only the helm binary (no cluster); tests/e2e/test_chart_render.py sends the same
+renders to a real apiserver.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from tests.binaries import REPO_ROOT, binary
+
+CHART = REPO_ROOT / "charts" / "tpujob-operator"
+TOP_LEVEL_CRDS = REPO_ROOT / "crds"
+
+Manifest = dict[str, Any]
+
+# Every right the operator holds, as (API group, resource) -> verbs. The operator's needs are
+# written down here once; the rendered ClusterRole must match it exactly, so adding a right to
+# the chart means adding it here too, in review.
+EXPECTED_RIGHTS: dict[tuple[str, str], set[str]] = {
+    ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "update"},
+    ("tpujob.dev", "tputrainingjobs/status"): {"get", "patch", "update"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "pods/log"): {"get"},
+    ("", "services"): {"get", "list", "watch", "create", "delete"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "delete"},
+    ("coordination.k8s.io", "leases"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+    },
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "nodes"): {"get", "list", "watch", "patch"},
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+    ("", "namespaces"): {"list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+}
+
+# The metric names the operator exports (tpujob.metrics); the dashboard may query only these.
+EXPORTED_METRICS = {
+    "tpujob_jobs",
+    "tpujob_failures_total",
+    "tpujob_recovery_duration_seconds",
+    "tpujob_goodput_ratio",
+    "tpujob_failed_node_budget_remaining",
+    "tpujob_restarts_total",
+}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(binary("helm")), *args], capture_output=True, text=True, check=False, timeout=120
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def render(*sets: str, namespace: str = "tpujob-system") -> list[Manifest]:
+    """`helm template` with `--set` arguments, parsed into manifests."""
+    args = ["template", "tpujob", str(CHART), "--namespace", namespace]
+    for item in sets:
+        args += ["--set", item]
+    return [doc for doc in yaml.safe_load_all(helm(*args).stdout) if doc]
+
+
+def only(manifests: list[Manifest], kind: str) -> Manifest:
+    found = [m for m in manifests if m["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
+    return found[0]
+
+
+def kinds(manifests: list[Manifest]) -> list[str]:
+    return sorted(m["kind"] for m in manifests)
+
+
+def operator_container(manifests: list[Manifest]) -> Manifest:
+    containers = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    container: Manifest = containers[0]
+    return container
+
+
+def walk_strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from walk_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from walk_strings(item)
+
+
+def test_chart_passes_strict_lint() -> None:
+    result = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("sets", "replicas", "namespace_args", "peering_kind", "peering_namespaces"),
+    [
+        pytest.param((), 1, ["--all-namespaces"], "ClusterKopfPeering", [None], id="defaults"),
+        pytest.param(
+            ("replicas=2",),
+            2,
+            ["--all-namespaces"],
+            "ClusterKopfPeering",
+            [None],
+            id="two-replicas",
+        ),
+        pytest.param(
+            ("watchNamespaces={team-a,team-b}",),
+            1,
+            ["--namespace=team-a", "--namespace=team-b"],
+            "KopfPeering",
+            ["team-a", "team-b"],
+            id="watch-namespaces",
+        ),
+    ],
+)
+def test_render_follows_replicas_and_watched_namespaces(
+    sets: tuple[str, ...],
+    replicas: int,
+    namespace_args: list[str],
+    peering_kind: str,
+    peering_namespaces: list[str | None],
+) -> None:
+    manifests = render(*sets)
+    assert kinds(manifests) == sorted(
+        ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+        + [peering_kind] * len(peering_namespaces)
+    )
+    assert only(manifests, "Deployment")["spec"]["replicas"] == replicas
+    args = operator_container(manifests)["args"]
+    assert [a for a in args if a.startswith(("--namespace", "--all-namespaces"))] == namespace_args
+    assert "--peering=tpujob-operator" in args
+    peerings = [m for m in manifests if m["kind"] == peering_kind]
+    assert [p["metadata"]["name"] for p in peerings] == ["tpujob-operator"] * len(peerings)
+    assert [p["metadata"].get("namespace") for p in peerings] == peering_namespaces
+
+
+def test_operator_command_line_carries_ports_log_level_and_extra_args() -> None:
+    container = operator_container(
+        render("logLevel=DEBUG", "operator.extraArgs={--flag-a,--flag-b=1}")
+    )
+    assert container["command"] == ["tpujob", "operator"]
+    assert container["args"] == [
+        "--all-namespaces",
+        "--peering=tpujob-operator",
+        "--metrics-port=9090",
+        "--liveness-port=8080",
+        "--log-level=DEBUG",
+        "--flag-a",
+        "--flag-b=1",
+    ]
+
+
+def test_cluster_role_has_no_wildcard_and_nothing_on_secrets() -> None:
+    role = only(render(), "ClusterRole")
+    strings = list(walk_strings(role["rules"]))
+    assert strings, "the ClusterRole has no rules"
+    assert not [s for s in strings if "*" in s]
+    assert not [s for s in strings if "secret" in s.lower()]
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"]), (
+        "rules use only apiGroups/resources/verbs (no nonResourceURLs, no resourceNames)"
+    )
+
+
+def test_cluster_role_grants_exactly_the_rights_the_operator_uses() -> None:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in only(render(), "ClusterRole")["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == EXPECTED_RIGHTS
+
+
+def test_every_cluster_role_rule_says_why() -> None:
+    text = helm(
+        "template", "tpujob", str(CHART), "--show-only", "templates/rbac.yaml"
+    ).stdout.split("\n---\n")[0]
+    lines = text.splitlines()
+    rule_lines = [i for i, line in enumerate(lines) if line.strip().startswith("- apiGroups:")]
+    assert len(rule_lines) == len(only(render(), "ClusterRole")["rules"])
+    uncommented = [
+        lines[i + 1].strip() for i in rule_lines if not lines[i - 1].strip().startswith("#")
+    ]
+    assert not uncommented, f"rules without a comment: {uncommented}"
+
+
+def test_cluster_role_binding_binds_the_operator_service_account() -> None:
+    manifests = render(namespace="ops")
+    binding = only(manifests, "ClusterRoleBinding")
+    account = only(manifests, "ServiceAccount")
+    pod_spec = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert binding["roleRef"]["name"] == only(manifests, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ops"}
+    ]
+    assert pod_spec["serviceAccountName"] == account["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("set_arg", "complaint"),
+    [
+        ("replicas=two", "'/replicas'"),
+        ("watchNamespaces=team-a", "'/watchNamespaces'"),
+        ("serviceMonitor.enabled=yes", "'/serviceMonitor/enabled'"),
+        ("metrics.port=metrics", "'/metrics/port'"),
+        ("image.pullPolicy=Sometimes", "'/image/pullPolicy'"),
+        ("logLevel=LOUD", "'/logLevel'"),
+        ("watchNamespaces={Team_A}", "'/watchNamespaces/0'"),
+        ("replica=2", "'replica' not allowed"),
+    ],
+)
+@pytest.mark.parametrize("command", ["template", "lint"])
+def test_values_schema_rejects_wrong_values_naming_the_field(
+    command: str, set_arg: str, complaint: str
+) -> None:
+    args = [command, str(CHART), "--set", set_arg]
+    if command == "template":
+        args.insert(1, "tpujob")
+    result = helm(*args, check=False)
+    assert result.returncode != 0, f"{set_arg} was accepted"
+    assert complaint in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("tag", ["20261130", "1.10", "0.1.0-rc.1"])
+def test_image_tag_is_used_as_written(tag: str) -> None:
+    # helm --set turns an all-digit tag into an integer; it must not reach the image as 2.026e7.
+    assert operator_container(render(f"image.tag={tag}"))["image"].endswith(f":{tag}")
+
+
+def test_chart_crds_are_byte_identical_to_the_generated_ones() -> None:
+    generated = sorted(p for p in TOP_LEVEL_CRDS.glob("*.yaml") if p.is_file())
+    assert generated, f"{TOP_LEVEL_CRDS} holds no CRDs; run `make generate`"
+    for source in generated:
+        copy = CHART / "crds" / source.name
+        assert copy.is_file(), f"the chart lacks {source.name}; run `make generate`"
+        assert copy.read_bytes() == source.read_bytes(), f"{copy} differs from {source}"
+
+
+def test_chart_ships_kopf_peering_crds() -> None:
+    docs = list(yaml.safe_load_all((CHART / "crds" / "kopf.dev_peerings.yaml").read_text()))
+    assert {(d["spec"]["names"]["kind"], d["spec"]["scope"]) for d in docs} == {
+        ("ClusterKopfPeering", "Cluster"),
+        ("KopfPeering", "Namespaced"),
+    }
+
+
+def test_default_image_is_the_operator_release() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+    image = operator_container(render())["image"]
+    assert image == f"ghcr.io/tpujob/tpujob-operator:{project['version']}"
+
+
+def test_image_can_be_overridden_for_local_clusters() -> None:
+    container = operator_container(
+        render(
+            "image.repository=localhost/tpujob-operator", "image.tag=dev", "image.pullPolicy=Never"
+        )
+    )
+    assert container["image"] == "localhost/tpujob-operator:dev"
+    assert container["imagePullPolicy"] == "Never"
+
+
+def test_operator_runs_unprivileged_on_a_read_only_root() -> None:
+    manifests = render()
+    pod_spec = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    container = operator_container(manifests)
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["runAsNonRoot"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod_spec["securityContext"]["runAsUser"] == 65532
+    tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert len(tmp) == 1
+    volume = next(v for v in pod_spec["volumes"] if v["name"] == tmp[0]["name"])
+    assert "emptyDir" in volume
+
+
+def test_liveness_and_metrics_ports_are_wired_to_probe_and_service() -> None:
+    manifests = render()
+    container = operator_container(manifests)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 9090, "liveness": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    service = only(manifests, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    assert service["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    selector = service["spec"]["selector"]
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize(
+    ("sets", "present", "absent"),
+    [
+        ((), [], ["ServiceMonitor", "ConfigMap"]),
+        (("serviceMonitor.enabled=true",), ["ServiceMonitor"], ["ConfigMap"]),
+        (("grafanaDashboard.enabled=true",), ["ConfigMap"], ["ServiceMonitor"]),
+        (("metrics.service.enabled=false",), [], ["Service"]),
+        (("rbac.create=false",), [], ["ClusterRole", "ClusterRoleBinding"]),
+    ],
+)
+def test_optional_objects_follow_their_values(
+    sets: tuple[str, ...], present: list[str], absent: list[str]
+) -> None:
+    rendered = kinds(render(*sets))
+    assert all(kind in rendered for kind in present)
+    assert not [kind for kind in absent if kind in rendered]
+
+
+def test_service_monitor_keeps_the_job_labels_of_the_metrics() -> None:
+    monitor = only(render("serviceMonitor.enabled=true"), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+def test_dashboard_config_map_carries_the_dashboard_for_grafana() -> None:
+    config_map = only(render("grafanaDashboard.enabled=true"), "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "tpujob.json").read_text())
+    assert json.loads(config_map["data"]["tpujob.json"]) == shipped
+
+
+def test_dashboard_charts_every_exported_metric_and_nothing_else() -> None:
+    dashboard = json.loads((CHART / "dashboards" / "tpujob.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queries += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+    used = {
+        re.sub(r"_(bucket|sum|count)$", "", name)
+        for query in queries
+        for name in re.findall(r"\btpujob_[a-z_]+", query)
+    }
+    assert used == EXPORTED_METRICS
+
+
+def test_crd_upgrade_command_is_documented_in_notes_and_readme() -> None:
+    command = "kubectl apply --server-side --force-conflicts -f charts/tpujob-operator/crds/"
+    assert command in (CHART / "templates" / "NOTES.txt").read_text()
+    assert command in (CHART / "README.md").read_text()
