@@ -1,0 +1,40 @@
+"""Names and limits of the TPUTrainingJob API: group, version, kind, and the bounds on lists.
+
+Bottom layer, stdlib only. The bounds keep the CEL cost of the CRD's validation rules inside
+the apiserver's budget (the cost of a rule on a list item is multiplied by the list's
+maxItems) and keep a job object well below etcd's object size limit.
+"""
+
+from __future__ import annotations
+
+GROUP = "tpujob.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TPUTrainingJob"
+LIST_KIND = "TPUTrainingJobList"
+PLURAL = "tputrainingjobs"
+SINGULAR = "tputrainingjob"
+SHORT_NAMES = ("tpujob", "tpujobs")
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Bounds on user input.
+MAX_SLICES = 64
+MAX_ARGS = 256
+MAX_ARG_LENGTH = 4096
+MAX_ENV = 128
+MAX_NAME_LENGTH = 253
+MAX_URI_LENGTH = 1024
+MAX_RULES = 32
+MAX_RULE_MATCHERS = 32
+MAX_PATTERN_LENGTH = 256
+MAX_RESTARTS = 10_000
+MAX_SECONDS = 7 * 24 * 3600
+MAX_FAILED_NODES_PERCENT = 50
+
+# Bounds on what the operator writes into status.
+TIMELINE_LIMIT = 50
+MAX_CONDITIONS = 16
+MAX_FAILED_NODES_RECORDED = 512
+MAX_CHAIN = 32
+MAX_EVIDENCE = 32
+MAX_MESSAGE_LENGTH = 4096

@@ -1,0 +1,73 @@
+"""Closed sets of the TPUTrainingJob API as str enums.
+
+Bottom layer, stdlib only. The values are what appears in YAML and in the CRD's `enum` lists.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Framework(enum.StrEnum):
+    """The training framework the trainer runs; decides the coordination env wiring."""
+
+    JAX = "jax"
+    TENSORFLOW = "tensorflow"
+
+
+class FailureClass(enum.StrEnum):
+    """How a failure is treated, from cheapest to most severe."""
+
+    SOFT = "soft"
+    """Restart every worker in place from the latest checkpoint (preemption, a peer lost)."""
+    MEDIUM = "medium"
+    """Recreate the slice's pods after a backoff (timeouts, host OOM, checkpoint I/O)."""
+    HARD = "hard"
+    """Mark the node bad and reschedule the slice elsewhere (device or node faults)."""
+    FATAL = "fatal"
+    """Fail the job now: retrying cannot help (configuration or user code errors)."""
+
+
+class BadNodeAction(enum.StrEnum):
+    """What the operator does to a node blamed for a hard failure."""
+
+    TAINT = "taint"
+    CORDON = "cordon"
+    NONE = "none"
+
+
+class Phase(enum.StrEnum):
+    """The job's lifecycle phase, as shown by `kubectl get tpujobs`."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the phase is terminal (the TTL clock starts)."""
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionStatus(enum.StrEnum):
+    """The standard Kubernetes condition status values."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(enum.StrEnum):
+    """Condition types the operator sets on a job (status.conditions[].type)."""
+
+    SPEC_VALID = "SpecValid"
+    """False when the spec passed admission but the operator cannot run it (see message)."""
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"

@@ -1,0 +1,241 @@
+"""spec.recovery: how failures are retried, within which budgets, and the user's own rules.
+
+Part of the API layer (pydantic only). Budgets count restarts per failure class; the operator
+keeps the counts on the job's status so that recreating children never resets them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from tpujob.api import constants as c
+from tpujob.api.base import SpecModel, cel, validations
+from tpujob.api.enums import BadNodeAction, FailureClass
+
+DEFAULT_MAX_SOFT_RESTARTS = 20
+DEFAULT_MAX_MEDIUM_RESTARTS = 5
+DEFAULT_MAX_HARD_RESTARTS = 3
+DEFAULT_MAX_FAILED_NODES = "20%"
+DEFAULT_BACKOFF_INITIAL_SECONDS = 10
+DEFAULT_BACKOFF_MAX_SECONDS = 300
+DEFAULT_STALL_TIMEOUT_SECONDS = 600
+
+_PERCENT = re.compile(r"^([0-9]{1,3})%$")
+_PERCENT_CEL = "^(50|[1-4]?[0-9])%$"
+
+Seconds = Annotated[int, Field(ge=0, le=c.MAX_SECONDS)]
+
+
+class InvalidPatternError(ValueError):
+    """A user rule's messagePattern does not compile."""
+
+
+class Backoff(SpecModel):
+    """Delay before a restart: doubles from initialSeconds up to maxSeconds per restart."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!has(self.initialSeconds) || !has(self.maxSeconds)"
+                " || self.initialSeconds <= self.maxSeconds",
+                "initialSeconds must be less than or equal to maxSeconds",
+                field_path=".initialSeconds",
+            )
+        )
+    )
+
+    initial_seconds: Seconds = Field(
+        default=DEFAULT_BACKOFF_INITIAL_SECONDS, description="Delay before the first restart."
+    )
+    max_seconds: Seconds = Field(
+        default=DEFAULT_BACKOFF_MAX_SECONDS, description="Upper bound of the delay."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Backoff:
+        if self.initial_seconds > self.max_seconds:
+            raise ValueError("initialSeconds must be less than or equal to maxSeconds")
+        return self
+
+    def delay(self, restarts: int) -> int:
+        """Seconds to wait before restart number `restarts` + 1 (0 for the first)."""
+        return min(self.max_seconds, self.initial_seconds << min(restarts, 32))
+
+
+class UserRule(SpecModel):
+    """Maps failures to a class before the built-in rules are consulted.
+
+    A rule matches when every matcher it sets matches: the exit code is one of exitCodes, the
+    termination or disruption reason is one of reasons, and messagePattern is found in the
+    termination message or log tail. The first matching rule wins.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "has(self.exitCodes) || has(self.reasons) || has(self.messagePattern)",
+                "a rule needs at least one of exitCodes, reasons or messagePattern",
+            )
+        )
+    )
+
+    exit_codes: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=c.MAX_RULE_MATCHERS,
+        description="Container exit codes (0-255) this rule matches.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    reasons: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=c.MAX_RULE_MATCHERS,
+        description=(
+            "Container termination reasons (e.g. OOMKilled, Error), pod disruption reasons "
+            "(e.g. PreemptionByScheduler) or trainer failure codes (e.g. HBM_OOM) it matches."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    message_pattern: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=c.MAX_PATTERN_LENGTH,
+        description=(
+            "A regular expression in RE2 syntax searched for in the termination message "
+            "and log tail; it must compile."
+        ),
+        json_schema_extra=validations(
+            # CEL has no regex-validity test; matches() with the pattern as its regex fails
+            # evaluation when the pattern does not compile, and the apiserver reports that
+            # failure with this message at this field.
+            cel(
+                "type(''.matches(self)) == bool",
+                "messagePattern must be a valid RE2 regular expression",
+            )
+        ),
+    )
+    failure_class: FailureClass = Field(
+        alias="class", description="The class given to matching failures."
+    )
+    code: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Z][A-Z0-9_]*$",
+        description="Failure code reported in status (UPPER_SNAKE_CASE); USER_RULE by default.",
+    )
+
+    @field_validator("message_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise InvalidPatternError(f"messagePattern does not compile: {exc}") from exc
+        return pattern
+
+    @model_validator(mode="after")
+    def _has_matcher(self) -> UserRule:
+        if self.exit_codes is None and self.reasons is None and self.message_pattern is None:
+            raise ValueError("a rule needs at least one of exitCodes, reasons or messagePattern")
+        return self
+
+
+def _budget(default: int, what: str) -> int:
+    return Field(
+        default=default,
+        ge=0,
+        le=c.MAX_RESTARTS,
+        description=(
+            f"Restarts allowed for {what} failures before the job fails (default {default})."
+        ),
+    )
+
+
+class RecoverySpec(SpecModel):
+    """How the operator keeps the job training through failures."""
+
+    auto_recovery: bool = Field(
+        default=True,
+        description="Restart after failures. False: diagnose the first failure, then fail the job.",
+    )
+    max_soft_restarts: int = _budget(DEFAULT_MAX_SOFT_RESTARTS, "soft (preemption, peer lost)")
+    max_medium_restarts: int = _budget(
+        DEFAULT_MAX_MEDIUM_RESTARTS, "medium (timeouts, host OOM, checkpoint I/O)"
+    )
+    max_hard_restarts: int = _budget(DEFAULT_MAX_HARD_RESTARTS, "hard (bad device or node)")
+    max_failed_nodes: int | str = Field(
+        default=DEFAULT_MAX_FAILED_NODES,
+        description=(
+            "Distinct nodes that may be blamed for hard failures before the job fails: an "
+            "integer, or a percentage of the job's hosts rounded up (at most 50%)."
+        ),
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            **validations(
+                cel(
+                    f"type(self) == int ? self >= 0 : self.matches({_PERCENT_CEL!r})",
+                    "maxFailedNodes must be a non-negative integer or a percentage "
+                    "from 0% to 50% of the job's hosts",
+                )
+            ),
+        },
+    )
+    backoff: Backoff = Field(
+        default_factory=Backoff,
+        description="Exponential delay between restarts.",
+        json_schema_extra={"default": {}},
+    )
+    stall_timeout_seconds: int = Field(
+        default=DEFAULT_STALL_TIMEOUT_SECONDS,
+        ge=10,
+        le=c.MAX_SECONDS,
+        description=(
+            "A job whose step has not advanced for this long (heartbeat stale) is treated as "
+            "hung and restarted as a medium failure."
+        ),
+    )
+    bad_node_action: BadNodeAction = Field(
+        default=BadNodeAction.TAINT,
+        description="What to do to a node blamed for a hard failure.",
+    )
+    rules: tuple[UserRule, ...] = Field(
+        default=(),
+        max_length=c.MAX_RULES,
+        description="User rules, checked in order before the built-in classification.",
+    )
+
+    @field_validator("max_failed_nodes")
+    @classmethod
+    def _in_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("maxFailedNodes must not be negative")
+            return value
+        match = _PERCENT.match(value)
+        if match is None or int(match.group(1)) > c.MAX_FAILED_NODES_PERCENT:
+            raise ValueError(
+                "maxFailedNodes must be a non-negative integer or a percentage from 0% to 50%"
+            )
+        return value
+
+    def max_failed_nodes_count(self, total_hosts: int) -> int:
+        """The failed-node budget as a node count for a job of `total_hosts` hosts.
+
+        Percentages round up, so a small job tolerates one bad node under the default 20%.
+        """
+        if isinstance(self.max_failed_nodes, int):
+            return self.max_failed_nodes
+        percent = int(self.max_failed_nodes.rstrip("%"))
+        return -(-total_hosts * percent // 100)
+
+    def budget(self, failure_class: FailureClass) -> int:
+        """Restarts allowed for a class; 0 for fatal, which is never retried."""
+        return {
+            FailureClass.SOFT: self.max_soft_restarts,
+            FailureClass.MEDIUM: self.max_medium_restarts,
+            FailureClass.HARD: self.max_hard_restarts,
+        }.get(failure_class, 0)

@@ -1,0 +1,237 @@
+"""spec of a TPUTrainingJob: the slices to run on, the trainer, checkpoints and recovery.
+
+Part of the API layer (pydantic and `tpujob.topology` only). Hosts per slice and chips per
+host are derived from the accelerator/topology table; users never type them.
+"""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.config import JsonDict
+
+from tpujob import topology as topology_table
+from tpujob.api import cel as topology_cel
+from tpujob.api import constants as c
+from tpujob.api.base import DnsSubdomain, SpecModel, cel, validations
+from tpujob.api.enums import Framework
+from tpujob.api.recovery import RecoverySpec
+from tpujob.api.trainer import TrainerSpec
+
+DEFAULT_CHECKPOINT_INTERVAL_STEPS = 100
+DEFAULT_CHECKPOINT_KEEP = 3
+DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
+CHECKPOINT_URI_PATTERN = r"^(gs|s3|file)://[^\s]+$"
+ABSOLUTE_PATH_PATTERN = r"^/[^\s]*$"
+
+
+def _immutable(what: str) -> JsonDict:
+    return validations(
+        cel("self == oldSelf", f"{what} is immutable; create a new job to change it")
+    )
+
+
+class TPUSpec(SpecModel):
+    """The TPU slices the job runs on."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            *topology_cel.topology_rules(), topology_cel.multislice_rule()
+        )
+    )
+
+    accelerator: str = Field(
+        description=(
+            "GKE TPU accelerator, the cloud.google.com/gke-tpu-accelerator node label value."
+        ),
+        json_schema_extra={
+            "enum": list(topology_table.accelerator_labels()),
+            **_immutable("accelerator"),
+        },
+    )
+    topology: str = Field(
+        max_length=16,
+        description=(
+            "Chip topology of one slice (cloud.google.com/gke-tpu-topology), e.g. 4x4 or "
+            "4x4x8; must be one offered for the accelerator."
+        ),
+        json_schema_extra=_immutable("topology"),
+    )
+    slices: int = Field(
+        default=1,
+        ge=1,
+        le=c.MAX_SLICES,
+        description="Number of identical slices (more than one is multislice over DCN).",
+        json_schema_extra=_immutable("slices"),
+    )
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_accelerator(cls, label: str) -> str:
+        topology_table.accelerator(label)
+        return label
+
+    @field_validator("topology")
+    @classmethod
+    def _offered_topology(cls, topo: str, info: ValidationInfo) -> str:
+        label = info.data.get("accelerator")
+        if label is not None:
+            topology_table.resolve(label, topo)
+        return topo
+
+    @model_validator(mode="after")
+    def _multislice_needs_multi_host(self) -> TPUSpec:
+        if self.slices > 1 and not self.shape.multi_host:
+            raise ValueError(
+                f"slices > 1 (multislice) needs a multi-host topology; "
+                f"{self.accelerator} {self.topology} is a single host"
+            )
+        return self
+
+    @property
+    def shape(self) -> topology_table.SliceShape:
+        """The geometry of one slice."""
+        return topology_table.resolve(self.accelerator, self.topology)
+
+    @property
+    def hosts_per_slice(self) -> int:
+        """Worker pods (GKE TPU nodes) per slice."""
+        return self.shape.hosts
+
+    @property
+    def total_hosts(self) -> int:
+        """Worker pods across all slices."""
+        return self.shape.hosts * self.slices
+
+    @property
+    def chips_per_host(self) -> int:
+        """`google.com/tpu` chips each worker pod requests."""
+        return self.shape.chips_per_host
+
+
+class CheckpointVolume(SpecModel):
+    """A volume mounted into every worker to hold checkpoints."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "has(self.claimName) != has(self.hostPath)",
+                "set exactly one of claimName or hostPath",
+            )
+        )
+    )
+
+    claim_name: DnsSubdomain | None = Field(
+        default=None,
+        description="PersistentVolumeClaim to mount (must be ReadWriteMany for multi-host jobs).",
+    )
+    host_path: str | None = Field(
+        default=None,
+        max_length=c.MAX_URI_LENGTH,
+        pattern=ABSOLUTE_PATH_PATTERN,
+        description="Absolute path on each node (single-machine and test clusters).",
+    )
+    mount_path: str = Field(
+        default=DEFAULT_CHECKPOINT_MOUNT_PATH,
+        max_length=c.MAX_URI_LENGTH,
+        pattern=ABSOLUTE_PATH_PATTERN,
+        description="Where the volume is mounted in the trainer container.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CheckpointVolume:
+        if (self.claim_name is None) == (self.host_path is None):
+            raise ValueError("set exactly one of claimName or hostPath")
+        return self
+
+
+class CheckpointSpec(SpecModel):
+    """Where checkpoints live and how often they are taken."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel("has(self.uri) != has(self.volume)", "set exactly one of uri or volume")
+        )
+    )
+
+    uri: str | None = Field(
+        default=None,
+        max_length=c.MAX_URI_LENGTH,
+        pattern=CHECKPOINT_URI_PATTERN,
+        description="Object-store or file URI of the checkpoint directory: gs://, s3:// or file://.",
+    )
+    volume: CheckpointVolume | None = Field(
+        default=None, description="A volume holding the checkpoint directory, instead of a URI."
+    )
+    interval_steps: int = Field(
+        default=DEFAULT_CHECKPOINT_INTERVAL_STEPS,
+        ge=1,
+        description="Save a checkpoint every this many steps.",
+    )
+    keep: int = Field(
+        default=DEFAULT_CHECKPOINT_KEEP,
+        ge=1,
+        le=1000,
+        description="Number of most recent checkpoints kept.",
+    )
+
+    @model_validator(mode="after")
+    def _one_location(self) -> CheckpointSpec:
+        if (self.uri is None) == (self.volume is None):
+            raise ValueError("set exactly one of uri or volume")
+        return self
+
+    @property
+    def directory(self) -> str:
+        """The checkpoint directory as the trainer sees it (the URI or the mount path)."""
+        if self.uri is not None:
+            return self.uri
+        assert self.volume is not None  # guaranteed by _one_location
+        return self.volume.mount_path
+
+
+class TPUTrainingJobSpec(SpecModel):
+    """The desired state of a TPU training run."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(topology_cel.failed_node_budget_rule())
+    )
+
+    framework: Framework = Field(
+        default=Framework.JAX, description="Training framework of the trainer."
+    )
+    tpu: TPUSpec = Field(description="The TPU slices to run on.")
+    trainer: TrainerSpec = Field(description="The trainer container.")
+    checkpoint: CheckpointSpec | None = Field(
+        default=None,
+        description="Checkpointing; without it a restarted job starts again from step 0.",
+    )
+    recovery: RecoverySpec = Field(
+        default_factory=RecoverySpec,
+        description="Failure recovery policy and budgets.",
+        json_schema_extra={"default": {}},
+    )
+    suspend: bool = Field(
+        default=False,
+        description=(
+            "True stops the workers (checkpointing first) and keeps the job; false resumes."
+        ),
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the job this many seconds after it succeeded or failed.",
+    )
+
+    @model_validator(mode="after")
+    def _failed_node_budget_in_range(self) -> TPUTrainingJobSpec:
+        budget = self.recovery.max_failed_nodes
+        if isinstance(budget, int) and 2 * budget > self.tpu.total_hosts + 1:
+            raise ValueError(
+                f"maxFailedNodes {budget} is more than half of the job's "
+                f"{self.tpu.total_hosts} hosts"
+            )
+        return self
+
+    def max_failed_nodes_count(self) -> int:
+        """The failed-node budget of this job as a node count."""
+        return self.recovery.max_failed_nodes_count(self.tpu.total_hosts)

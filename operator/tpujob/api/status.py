@@ -1,0 +1,196 @@
+"""status of a TPUTrainingJob: what the operator observed, counted and did.
+
+Part of the API layer (pydantic only). Only the operator writes the status; models here are
+lenient on read (unknown fields kept, every field optional) so a status written by another
+operator version still parses. `status_patch` gives the dict to send to the status subresource.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from tpujob.api import constants as c
+from tpujob.api.base import StatusModel
+from tpujob.api.enums import ConditionStatus, FailureClass, Phase
+
+Message = Annotated[str, Field(max_length=c.MAX_MESSAGE_LENGTH)]
+
+
+class Condition(StatusModel):
+    """A condition in the standard Kubernetes shape (metav1.Condition)."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Running or SpecValid.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, max_length=1024, description="CamelCase reason for the last transition."
+    )
+    message: Message | None = Field(default=None, description="Human-readable details.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When the status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation the condition was set for."
+    )
+
+
+class Restarts(StatusModel):
+    """Restarts so far per failure class; never reset when children are recreated."""
+
+    soft: int = Field(default=0, ge=0, description="Soft restarts (in place, from checkpoint).")
+    medium: int = Field(default=0, ge=0, description="Medium restarts (pods recreated).")
+    hard: int = Field(default=0, ge=0, description="Hard restarts (slice rescheduled).")
+    total: int = Field(
+        default=0, ge=0, description="Sum of all restarts (computed; shown by kubectl get)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sum(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            counts = [data.get(k, 0) for k in ("soft", "medium", "hard")]
+            if all(isinstance(n, int) for n in counts):
+                data = {**data, "total": sum(counts)}
+        return data
+
+    def count(self, failure_class: FailureClass) -> int:
+        """Restarts so far of one class (0 for fatal)."""
+        return {
+            FailureClass.SOFT: self.soft,
+            FailureClass.MEDIUM: self.medium,
+            FailureClass.HARD: self.hard,
+        }.get(failure_class, 0)
+
+    def incremented(self, failure_class: FailureClass) -> Restarts:
+        """A copy with one more restart of `failure_class` (fatal is never restarted)."""
+        if failure_class is FailureClass.FATAL:
+            return self
+        key = str(failure_class)
+        counts = {"soft": self.soft, "medium": self.medium, "hard": self.hard}
+        counts[key] += 1
+        return Restarts.model_validate(counts)
+
+
+class FailedNode(StatusModel):
+    """A node blamed for a hard failure; counted against maxFailedNodes."""
+
+    name: str = Field(max_length=c.MAX_NAME_LENGTH, description="Node name.")
+    time: datetime | None = Field(default=None, description="When it was blamed.")
+    code: str | None = Field(default=None, max_length=64, description="Failure code.")
+
+
+class LastFailure(StatusModel):
+    """The diagnosis of the most recent failure."""
+
+    failure_class: FailureClass | None = Field(
+        default=None, alias="class", description="soft, medium, hard or fatal."
+    )
+    code: str | None = Field(default=None, max_length=64, description="Failure code, e.g. HBM_OOM.")
+    summary: Message | None = Field(default=None, description="One line about what happened.")
+    chain: tuple[Message, ...] = Field(
+        default=(),
+        max_length=c.MAX_CHAIN,
+        description="Error chain from root cause to the cascade it triggered.",
+    )
+    evidence: tuple[Message, ...] = Field(
+        default=(), max_length=c.MAX_EVIDENCE, description="Observed facts behind the diagnosis."
+    )
+    advice: Message | None = Field(default=None, description="What a user can do about it.")
+    pod: str | None = Field(default=None, max_length=c.MAX_NAME_LENGTH, description="Root pod.")
+    node: str | None = Field(default=None, max_length=c.MAX_NAME_LENGTH, description="Its node.")
+    time: datetime | None = Field(default=None, description="When the failure was seen.")
+    action: str | None = Field(
+        default=None, max_length=256, description="What the operator did about it."
+    )
+
+
+class Progress(StatusModel):
+    """Training progress as reported by the trainer's heartbeat."""
+
+    step: int | None = Field(default=None, ge=0, description="Latest completed step.")
+    total_steps: int | None = Field(default=None, ge=0, description="Steps of the full run.")
+    steps_per_second: float | None = Field(default=None, ge=0, description="Recent throughput.")
+
+
+class TimelineEvent(StatusModel):
+    """One recovery event: failure seen, diagnosed, pods recreated, training resumed..."""
+
+    time: datetime = Field(description="When it happened.")
+    kind: str = Field(max_length=64, description="Event kind, e.g. Failed, Diagnosed, Resumed.")
+    message: Message = Field(default="", description="Details.")
+
+
+class TPUTrainingJobStatus(StatusModel):
+    """The observed state of a TPU training run."""
+
+    phase: Phase | None = Field(default=None, description="Lifecycle phase.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation last acted on."
+    )
+    conditions: tuple[Condition, ...] = Field(
+        default=(),
+        max_length=c.MAX_CONDITIONS,
+        description="Standard conditions, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    attempt: int = Field(default=0, ge=0, description="Current attempt; 0 before the first start.")
+    restarts: Restarts = Field(default_factory=Restarts, description="Restarts per class.")
+    failed_nodes: tuple[FailedNode, ...] = Field(
+        default=(),
+        max_length=c.MAX_FAILED_NODES_RECORDED,
+        description="Nodes blamed for hard failures.",
+    )
+    failed_node_budget: int | None = Field(
+        default=None, ge=0, description="maxFailedNodes resolved to a node count."
+    )
+    failed_node_budget_left: int | None = Field(
+        default=None, description="Nodes that may still fail before the job fails."
+    )
+    last_failure: LastFailure | None = Field(default=None, description="Most recent failure.")
+    checkpoint_step: int | None = Field(
+        default=None, ge=0, description="Step of the latest committed checkpoint."
+    )
+    progress: Progress | None = Field(default=None, description="Training progress.")
+    goodput: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Fraction of wall time since start spent on productive training steps.",
+    )
+    start_time: datetime | None = Field(default=None, description="When the job first started.")
+    completion_time: datetime | None = Field(default=None, description="When it finished.")
+    timeline: tuple[TimelineEvent, ...] = Field(
+        default=(),
+        max_length=c.TIMELINE_LIMIT,
+        description=f"The last {c.TIMELINE_LIMIT} recovery events, oldest first.",
+    )
+
+    def with_event(self, event: TimelineEvent) -> TPUTrainingJobStatus:
+        """A copy with `event` appended to the timeline, keeping only the newest ones."""
+        timeline = (*self.timeline, event)[-c.TIMELINE_LIMIT :]
+        return self.model_copy(update={"timeline": timeline})
+
+    def condition(self, condition_type: str) -> Condition | None:
+        """The condition of a type, if set."""
+        return next((x for x in self.conditions if x.type == condition_type), None)
+
+    def with_condition(self, condition: Condition) -> TPUTrainingJobStatus:
+        """A copy with `condition` replacing any condition of the same type.
+
+        The transition time is kept when the status value did not change, as Kubernetes
+        conventions ask.
+        """
+        old = self.condition(condition.type)
+        if old is not None and old.status == condition.status and old.last_transition_time:
+            condition = condition.model_copy(
+                update={"last_transition_time": old.last_transition_time}
+            )
+        others = tuple(x for x in self.conditions if x.type != condition.type)
+        return self.model_copy(update={"conditions": (*others, condition)})
+
+
+def status_patch(status: TPUTrainingJobStatus) -> dict[str, Any]:
+    """The status as JSON-ready camelCase data, without unset (None) fields."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

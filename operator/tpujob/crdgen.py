@@ -1,0 +1,115 @@
+"""Writes and checks the generated CRD: `tpujob crd write|check`, `python -m tpujob.crdgen`.
+
+The CRD comes from the API models (`tpujob.api.schema`); this module only renders it as YAML
+and puts it in the two places that ship it: `crds/` (applied by tests and by
+`kubectl apply --server-side -f crds/`) and the Helm chart's `crds/` folder. `check` exits 1
+when either file differs from what the models produce, so CI catches a model change without
+a regenerated CRD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tpujob.api import constants as c
+from tpujob.api.schema import custom_resource_definition
+
+FILE_NAME = f"{c.GROUP}_{c.PLURAL}.yaml"
+OUTPUT_DIRS = ("crds", "charts/tpujob-operator/crds")
+HEADER = (
+    "# Generated from the tpujob.api models by `tpujob crd write`; do not edit by hand.\n"
+    "# Edit operator/tpujob/api/ and run `make generate` instead.\n"
+)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A generated file that is missing or differs from what the models produce."""
+
+    path: Path
+    reason: str
+
+
+def render() -> str:
+    """The CRD as the YAML text written to disk."""
+    body = yaml.safe_dump(
+        custom_resource_definition(), sort_keys=False, width=100, allow_unicode=True
+    )
+    return HEADER + body
+
+
+def output_paths(root: Path) -> tuple[Path, ...]:
+    """Where the CRD is written, under the repository root."""
+    return tuple(root / d / FILE_NAME for d in OUTPUT_DIRS)
+
+
+def write(root: Path) -> tuple[Path, ...]:
+    """Write the CRD to every output path; returns the paths written."""
+    text = render()
+    paths = output_paths(root)
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return paths
+
+
+def check(root: Path) -> tuple[Drift, ...]:
+    """Files under `root` that drifted from the models (empty when all are current)."""
+    text = render()
+    drifts = []
+    for path in output_paths(root):
+        if not path.exists():
+            drifts.append(Drift(path, "missing"))
+        elif path.read_text(encoding="utf-8") != text:
+            drifts.append(Drift(path, "differs from the models"))
+    return tuple(drifts)
+
+
+def _run(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if args.action == "write":
+        for path in write(root):
+            print(f"wrote {path}")
+        return 0
+    drifts = check(root)
+    for drift in drifts:
+        print(f"{drift.path}: {drift.reason}; run `make generate`", file=sys.stderr)
+    return 1 if drifts else 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the `crd` subcommand to the `tpujob` command."""
+    parser = subparsers.add_parser(
+        "crd", help="write or check the generated CustomResourceDefinition"
+    )
+    _configure(parser)
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        choices=("write", "check"),
+        help="write: regenerate the CRD files; check: exit 1 if they are out of date",
+    )
+    parser.add_argument(
+        "--root", default=".", help="repository root holding crds/ and charts/ (default: .)"
+    )
+    parser.set_defaults(handler=_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpujob.crdgen", description=__doc__)
+    _configure(parser)
+    args = parser.parse_args(argv)
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
