@@ -364,3 +364,8 @@ def test_crd_upgrade_command_is_documented_in_notes_and_readme() -> None:
     command = "kubectl apply --server-side --force-conflicts -f charts/tpujob-operator/crds/"
     assert command in (CHART / "templates" / "NOTES.txt").read_text()
     assert command in (CHART / "README.md").read_text()
+
+
+def test_replicas_name_themselves_in_the_peering_object_by_pod_name() -> None:
+    env = {e["name"]: e for e in operator_container(render())["env"]}
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
