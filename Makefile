@@ -1,0 +1,60 @@
+# tpujob: the two commands a new user needs are `make demo` and `make test`.
+# Both create the virtual environment and build the local cluster's binaries when missing.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: all venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench e2e-kind clean
+
+all: test
+
+$(STAMP): pyproject.toml trainer_image/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]" -e ./trainer_image
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm from
+# the Go modules pinned under tools/ (once per machine; later runs reuse the cache).
+binaries:
+	tools/build-control-plane.sh
+
+# The one command that writes generated artefacts: the CRD (from the pydantic models), the
+# chart's copy of it, and the operator's copy of the trainer contract.
+generate: venv
+	$(PY) -m tpujob.crdgen write
+	cp trainer_image/tpujob_trainer/contract.py operator/tpujob/contract.py
+
+lint: venv
+	$(VENV)/bin/ruff check operator trainer_image tests bench
+	$(VENV)/bin/mypy
+	PYTHONPATH=operator $(VENV)/bin/lint-imports
+
+unit: venv
+	$(PY) -m pytest -q tests/unit tests/contract
+
+trainer-tests: venv
+	$(PY) -m pytest -q tests/trainer
+
+cluster-tests: venv binaries
+	$(PY) -m pytest -q tests/e2e
+
+test: venv binaries lint
+	$(PY) -m pytest -q tests/unit tests/contract tests/trainer tests/e2e
+
+demo: venv binaries
+	$(PY) -m tpujob.demo $(DEMO_ARGS)
+
+bench: venv binaries
+	$(PY) -m bench.run_all
+
+e2e-kind:
+	hack/e2e-kind.sh
+
+clean:
+	rm -rf $(VENV) .state

@@ -1,0 +1,53 @@
+"""The `tpujob` command: one entry point, each subcommand owned by the module it drives.
+
+A subcommand module exposes `register(subparsers)`, which adds its parser and sets
+`handler` (a callable taking the parsed namespace and returning an exit status). Modules are
+imported only when their subcommand is registered, so `tpujob diagnose` never imports kopf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# Subcommand name -> module that registers it.
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("local", "tpujob.local.cli"),
+    ("diagnose", "tpujob.diagnosis.cli"),
+    ("operator", "tpujob.operator_main"),
+    ("crd", "tpujob.crdgen"),
+    ("get", "tpujob.console"),
+    ("describe", "tpujob.console"),
+)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, just the module owning that subcommand is imported."""
+    parser = argparse.ArgumentParser(
+        prog="tpujob", description="Run TPU training jobs on Kubernetes and keep them training."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    seen: set[str] = set()
+    for name, module_name in SUBCOMMANDS:
+        if (only is not None and name != only) or module_name in seen:
+            continue
+        seen.add(module_name)
+        module = importlib.import_module(module_name)
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    known = {name for name, _ in SUBCOMMANDS}
+    only = args_list[0] if args_list and args_list[0] in known else None
+    parser = build_parser(only)
+    args = parser.parse_args(args_list)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""How one container of a pod becomes a local process: environment, mounts and the argv.
+
+The process runs inside the pod's network namespace (`ip netns exec`) and a private mount
+namespace (`bwrap`): the host's file system is shared read-write, as an image-less runtime must,
+but `/etc/hosts`, `/tmp`, `/dev`, the termination message file, the pod's volumes and the
+service-account token are the pod's own, at the paths the pod spec names. Nothing here talks to
+the API server; lookups of ConfigMaps, Secrets and tokens come in through `Lookups`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class StartError(RuntimeError):
+    """The container cannot start; reported as a kubelet reports StartError."""
+
+
+class Lookups(Protocol):
+    """What a pod's environment and volumes need from the API server."""
+
+    def config_map(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    def secret(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    def token(self, namespace: str, service_account: str, *, pod: str, pod_uid: str,
+              audiences: list[str], seconds: int) -> str: ...
+
+    def ca_cert(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ApiEndpoint:
+    """Where in-cluster clients reach the API server from inside a pod."""
+
+    host: str
+    port: int
+
+
+def field_value(pod: Mapping[str, Any], path: str, pod_ip: str) -> str:
+    """The downward-API value of `path` (metadata.name, metadata.labels['k'], status.podIP...)."""
+    meta, spec = pod["metadata"], pod["spec"]
+    simple = {
+        "metadata.name": meta.get("name", ""), "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+        "status.podIP": pod_ip, "status.hostIP": "127.0.0.1", "status.podIPs": pod_ip,
+    }
+    if path in simple:
+        return str(simple[path])
+    for prefix, key in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
+        if path.startswith(prefix + "['") and path.endswith("']"):
+            return str((meta.get(key) or {}).get(path[len(prefix) + 2 : -2], ""))
+        if path == prefix:
+            return "\n".join(f'{k}="{v}"' for k, v in sorted((meta.get(key) or {}).items()))
+    raise StartError(f"unsupported fieldRef {path!r}")
+
+
+def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], *, pod_ip: str,
+                  api: ApiEndpoint, lookups: Lookups) -> dict[str, str]:
+    """The environment a kubelet would give `container`."""
+    ns = pod["metadata"]["namespace"]
+    env: dict[str, str] = {
+        "PATH": f"{Path(sys.executable).parent}:{DEFAULT_PATH}",
+        "HOME": "/root", "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"],
+        "KUBERNETES_SERVICE_HOST": api.host, "KUBERNETES_SERVICE_PORT": str(api.port),
+        "KUBERNETES_SERVICE_PORT_HTTPS": str(api.port),
+        "KUBERNETES_PORT": f"tcp://{api.host}:{api.port}",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+    }
+    for source in container.get("envFrom") or []:
+        prefix = source.get("prefix", "")
+        if ref := source.get("configMapRef"):
+            data = lookups.config_map(ns, ref["name"])
+        elif ref := source.get("secretRef"):
+            data = lookups.secret(ns, ref["name"])
+        else:
+            continue
+        if data is None and not ref.get("optional"):
+            raise StartError(f"envFrom: {ref['name']!r} not found")
+        env.update({prefix + k: v for k, v in (data or {}).items()})
+    for item in container.get("env") or []:
+        env[item["name"]] = _env_value(pod, container, item, pod_ip, lookups)
+    return env
+
+
+def _env_value(pod: Mapping[str, Any], container: Mapping[str, Any], item: Mapping[str, Any],
+               pod_ip: str, lookups: Lookups) -> str:
+    if "valueFrom" not in item:
+        return str(item.get("value", ""))
+    source = item["valueFrom"]
+    ns = pod["metadata"]["namespace"]
+    if ref := source.get("fieldRef"):
+        return field_value(pod, ref["fieldPath"], pod_ip)
+    if ref := source.get("resourceFieldRef"):
+        resources = container.get("resources") or {}
+        kind, _, name = ref["resource"].partition(".")
+        return str((resources.get(kind) or {}).get(name, "0"))
+    for key, lookup in (("configMapKeyRef", lookups.config_map), ("secretKeyRef", lookups.secret)):
+        if ref := source.get(key):
+            data = lookup(ns, ref["name"]) or {}
+            if ref["key"] in data:
+                return data[ref["key"]]
+            if ref.get("optional"):
+                return ""
+            raise StartError(f"env {item['name']}: key {ref['key']!r} not in {ref['name']!r}")
+    raise StartError(f"env {item['name']}: unsupported valueFrom")
+
+
+def prepare_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str,
+                    lookups: Lookups) -> dict[str, Path]:
+    """Materialise the pod's volumes on the host; returns volume name -> host path."""
+    meta, spec = pod["metadata"], pod["spec"]
+    paths: dict[str, Path] = {}
+    for vol in spec.get("volumes") or []:
+        name = vol["name"]
+        target = pod_dir / "volumes" / name
+        if "emptyDir" in vol:
+            target.mkdir(parents=True, exist_ok=True)
+        elif "hostPath" in vol:
+            target = Path(vol["hostPath"]["path"])
+            kind = vol["hostPath"].get("type", "")
+            if kind == "DirectoryOrCreate":
+                target.mkdir(parents=True, exist_ok=True)
+            elif not target.exists() and kind not in ("", "FileOrCreate"):
+                raise StartError(f"hostPath {target} for volume {name!r} does not exist")
+        elif "projected" in vol:
+            _write_files(target, _projected_files(pod, vol["projected"], pod_ip, lookups))
+        elif "configMap" in vol:
+            data = lookups.config_map(meta["namespace"], vol["configMap"]["name"])
+            if data is None and not vol["configMap"].get("optional"):
+                raise StartError(f"configMap {vol['configMap']['name']!r} not found")
+            _write_files(target, data or {})
+        elif "secret" in vol:
+            data = lookups.secret(meta["namespace"], vol["secret"]["secretName"])
+            if data is None and not vol["secret"].get("optional"):
+                raise StartError(f"secret {vol['secret']['secretName']!r} not found")
+            _write_files(target, data or {})
+        elif "downwardAPI" in vol:
+            _write_files(target, {i["path"]: field_value(pod, i["fieldRef"]["fieldPath"], pod_ip)
+                                  for i in vol["downwardAPI"].get("items", []) if "fieldRef" in i})
+        else:
+            raise StartError(f"volume {name!r}: unsupported volume type")
+        paths[name] = target
+    return paths
+
+
+def _projected_files(pod: Mapping[str, Any], projected: Mapping[str, Any], pod_ip: str,
+                     lookups: Lookups) -> dict[str, str]:
+    meta, spec = pod["metadata"], pod["spec"]
+    files: dict[str, str] = {}
+    for source in projected.get("sources") or []:
+        if token := source.get("serviceAccountToken"):
+            files[token["path"]] = lookups.token(
+                meta["namespace"], spec.get("serviceAccountName") or "default", pod=meta["name"],
+                pod_uid=meta["uid"], audiences=[token["audience"]] if token.get("audience") else [],
+                seconds=int(token.get("expirationSeconds", 3607)))
+        elif cm := source.get("configMap"):
+            if cm["name"] == "kube-root-ca.crt":
+                data: dict[str, str] | None = {"ca.crt": lookups.ca_cert()}
+            else:
+                data = lookups.config_map(meta["namespace"], cm["name"])
+            for item in cm.get("items") or [{"key": k, "path": k} for k in (data or {})]:
+                if data and item["key"] in data:
+                    files[item["path"]] = data[item["key"]]
+        elif down := source.get("downwardAPI"):
+            for item in down.get("items") or []:
+                if "fieldRef" in item:
+                    files[item["path"]] = field_value(pod, item["fieldRef"]["fieldPath"], pod_ip)
+    return files
+
+
+def _write_files(directory: Path, files: Mapping[str, str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """command + args, with the executable found on the container's PATH as a runtime would."""
+    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    if not argv:
+        raise StartError("no command: the local node runs the container's command on this "
+                         "machine and cannot read an image's entrypoint; set `command`")
+    exe = argv[0]
+    found = exe if "/" in exe else shutil.which(exe, path=env.get("PATH", DEFAULT_PATH))
+    if found is None or not os.access(found, os.X_OK):
+        raise StartError(f'exec: "{exe}": executable file not found in $PATH')
+    return [found, *argv[1:]]
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+def container_mounts(pod: Mapping[str, Any], container: Mapping[str, Any],
+                     volumes: Mapping[str, Path]) -> list[Mount]:
+    mounts = []
+    for vm in container.get("volumeMounts") or []:
+        source = volumes.get(vm["name"])
+        if source is None:
+            raise StartError(f"volumeMount {vm['name']!r} names no volume of the pod")
+        if vm.get("subPath"):
+            source = source / vm["subPath"]
+            source.mkdir(parents=True, exist_ok=True)
+        mounts.append(Mount(source, vm["mountPath"], bool(vm.get("readOnly"))))
+    return mounts
+
+
+def bwrap_argv(*, netns: str, hostname: str, hosts_file: Path, tmp_dir: Path,
+               termination_file: Path, termination_path: str, mounts: list[Mount],
+               working_dir: str | None, argv: list[str]) -> list[str]:
+    """The full argv: enter the pod's network namespace, then its private mount namespace."""
+    cmd = ["ip", "netns", "exec", netns, "bwrap", "--bind", "/", "/", "--dev", "/dev",
+           "--proc", "/proc", "--tmpfs", "/dev/shm", "--bind", str(tmp_dir), "/tmp",
+           "--ro-bind", str(hosts_file), "/etc/hosts", "--unshare-uts", "--hostname", hostname,
+           "--bind", str(termination_file), termination_path]
+    for mount in mounts:
+        cmd += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
+    if working_dir:
+        cmd += ["--chdir", working_dir]
+    return [*cmd, "--", *argv]

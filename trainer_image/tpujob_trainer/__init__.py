@@ -1,0 +1,1 @@
+"""The tpujob reference trainer (JAX + orbax); shares only `contract` with the operator."""
