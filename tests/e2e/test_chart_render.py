@@ -47,11 +47,6 @@ def helm_template(cluster: Any, release: str, namespace: str, *sets: str, only: 
     return result.stdout
 
 
-def ensure_namespace(cluster: Any, name: str) -> None:
-    if run(cluster, "kubectl", "get", "namespace", name).returncode != 0:
-        kubectl(cluster, "create", "namespace", name)
-
-
 @pytest.fixture(scope="module")
 def chart_crds(cluster: Any, crds_installed: Any) -> None:
     """The chart's CRDs applied the way its README says to upgrade them."""
@@ -82,7 +77,6 @@ def chart_crds(cluster: Any, crds_installed: Any) -> None:
 def test_rendered_chart_is_accepted_by_server_side_dry_run(
     cluster: Any, chart_crds: None, namespace: str, sets: tuple[str, ...]
 ) -> None:
-    ensure_namespace(cluster, namespace)
     sets = tuple(s.replace("NAMESPACE", namespace) for s in sets)
     rendered = helm_template(cluster, "tpujob", namespace, *sets)
     objects = [doc for doc in yaml.safe_load_all(rendered) if doc]
@@ -94,8 +88,8 @@ def test_rendered_chart_is_accepted_by_server_side_dry_run(
 @pytest.fixture
 def operator_account(cluster: Any, chart_crds: None, namespace: str) -> Iterator[str]:
     """The chart's ServiceAccount, ClusterRole and binding applied for real; yields the user."""
-    ensure_namespace(cluster, namespace)
-    release = f"rbac-{namespace}"[:40]
+    # ClusterRoles are cluster-wide; the namespace's random suffix keeps tests apart.
+    release = f"rbac-{namespace[-5:]}"
     manifests = "".join(
         helm_template(cluster, release, namespace, only=f"templates/{name}")
         for name in ("serviceaccount.yaml", "rbac.yaml")
