@@ -1,0 +1,217 @@
+"""Trainer configuration from command-line arguments and the environment the operator sets.
+
+Pure: `load_config(argv, env)` reads nothing but its arguments, so every rule (which variable
+wins, how GKE's TPU variables become a JAX process id) is tested without starting processes.
+Invalid input raises `TrainerError(CONFIG_ERROR)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tpujob_trainer.contract import (
+    ENV_ALLOW_CPU_FALLBACK,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_INTERVAL,
+    ENV_CHECKPOINT_KEEP,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_EXPECT_TPU_CHIPS,
+    ENV_FAULTS,
+    ENV_HEARTBEAT_LEASE,
+    ENV_NAMESPACE,
+    ExitCode,
+)
+from tpujob_trainer.failures import TrainerError
+from tpujob_trainer.faults import Fault, parse_faults
+
+# GKE's multi-host TPU slices talk to JAX's coordinator on this port by convention.
+DEFAULT_COORDINATOR_PORT = 8476
+# Short on purpose: a dead peer should be noticed within tens of seconds. The operator raises
+# it through ENV_COLLECTIVE_TIMEOUT when a retry is classed "medium".
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 20
+
+
+class Framework(enum.StrEnum):
+    """Which training loop runs."""
+
+    JAX = "jax"
+    TENSORFLOW = "tensorflow"
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """How this process joins a multi-process JAX system."""
+
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Everything one trainer process needs to know; built once at start."""
+
+    steps: int
+    batch_size: int
+    seed: int
+    step_time: float
+    log_every: int
+    checkpoint_dir: str | None
+    checkpoint_interval: int
+    keep: int
+    faults: tuple[Fault, ...]
+    framework: Framework
+    distributed: Distributed | None
+    collective_timeout_seconds: int
+    attempt: int
+    expect_tpu_chips_per_host: int
+    allow_cpu_fallback: bool
+    heartbeat_lease: str | None
+    namespace: str
+
+    @property
+    def process_id(self) -> int:
+        """This process's index in the job (0 when single-process)."""
+        return self.distributed.process_id if self.distributed else 0
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes train together."""
+        return self.distributed.num_processes if self.distributed else 1
+
+
+def _int(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise TrainerError(ExitCode.CONFIG_ERROR, f"{name}={value!r} is not an integer") from None
+
+
+def _host_of(address: str) -> str:
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def resolve_distributed(env: Mapping[str, str]) -> Distributed | None:
+    """Multi-process settings: the operator's JAX variables first, then GKE's TPU variables.
+
+    Returns None for a single process. On GKE, process id = slice id * hosts per slice +
+    worker id, and the coordinator is worker 0 of slice 0 (the megascale coordinator's host
+    when there are several slices) unless JAX_COORDINATOR_ADDRESS names one.
+    """
+    given = env.get("JAX_COORDINATOR_ADDRESS")
+    if "JAX_NUM_PROCESSES" in env or "JAX_PROCESS_ID" in env:
+        num = _int(env.get("JAX_NUM_PROCESSES", "1"), "JAX_NUM_PROCESSES")
+        pid = _int(env.get("JAX_PROCESS_ID", "0"), "JAX_PROCESS_ID")
+        if not given:
+            raise TrainerError(
+                ExitCode.CONFIG_ERROR, "JAX_NUM_PROCESSES is set but JAX_COORDINATOR_ADDRESS is not"
+            )
+        return _checked(Distributed(given, num, pid))
+    hostnames = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if not hostnames:
+        return None
+    worker = _int(env.get("TPU_WORKER_ID", "0"), "TPU_WORKER_ID")
+    slices = _int(env.get("MEGASCALE_NUM_SLICES", "1"), "MEGASCALE_NUM_SLICES")
+    slice_id = _int(env.get("MEGASCALE_SLICE_ID", "0"), "MEGASCALE_SLICE_ID")
+    num = len(hostnames) * slices
+    if num == 1:
+        return None
+    if given:
+        coordinator = given
+    else:
+        megascale = env.get("MEGASCALE_COORDINATOR_ADDRESS")
+        host = _host_of(megascale) if slices > 1 and megascale else hostnames[0].strip()
+        coordinator = f"{host}:{DEFAULT_COORDINATOR_PORT}"
+    return _checked(Distributed(coordinator, num, slice_id * len(hostnames) + worker))
+
+
+def _checked(distributed: Distributed) -> Distributed | None:
+    if distributed.num_processes < 1 or not 0 <= distributed.process_id < distributed.num_processes:
+        raise TrainerError(
+            ExitCode.CONFIG_ERROR,
+            f"process id {distributed.process_id} is outside 0..{distributed.num_processes - 1}",
+        )
+    return distributed if distributed.num_processes > 1 else None
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpujob-trainer",
+        description="Data-parallel JAX (or TensorFlow) training with orbax checkpoints.",
+    )
+    parser.add_argument("--steps", type=int, default=100, help="total training steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
+    parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    parser.add_argument("--log-every", type=int, default=1, help="log one line per N steps")
+    parser.add_argument("--checkpoint-dir", default=env.get(ENV_CHECKPOINT_DIR) or None)
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=_int(env.get(ENV_CHECKPOINT_INTERVAL) or "10", ENV_CHECKPOINT_INTERVAL),
+    )
+    parser.add_argument(
+        "--keep", type=int, default=_int(env.get(ENV_CHECKPOINT_KEEP) or "3", ENV_CHECKPOINT_KEEP)
+    )
+    parser.add_argument(
+        "--fault", action="append", default=[], metavar="SPEC",
+        help="inject a real failure, e.g. crash@80, hang@120:worker=1, exit-code=3@5:attempt=0",
+    )
+    parser.add_argument(
+        "--framework", choices=[f.value for f in Framework], default=Framework.JAX.value
+    )
+    return parser
+
+
+def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
+    """Build the config; argparse exits 2 on bad flags, everything else is CONFIG_ERROR."""
+    parser = _parser(env)
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as error:
+        if error.code in (0, None):
+            raise
+        raise TrainerError(ExitCode.CONFIG_ERROR, f"invalid arguments: {list(argv)}") from None
+    try:
+        faults = parse_faults([*args.fault, *env.get(ENV_FAULTS, "").split(",")])
+    except ValueError as error:
+        raise TrainerError(ExitCode.CONFIG_ERROR, str(error)) from error
+    if args.steps < 0 or args.batch_size < 1 or args.checkpoint_interval < 1 or args.keep < 1:
+        raise TrainerError(
+            ExitCode.CONFIG_ERROR,
+            "--steps must be >= 0 and --batch-size, --checkpoint-interval, --keep >= 1",
+        )
+    distributed = resolve_distributed(env)
+    num = distributed.num_processes if distributed else 1
+    if args.batch_size % num:
+        raise TrainerError(
+            ExitCode.CONFIG_ERROR,
+            f"--batch-size {args.batch_size} does not divide among {num} processes",
+        )
+    timeout = _int(
+        env.get(ENV_COLLECTIVE_TIMEOUT) or str(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS),
+        ENV_COLLECTIVE_TIMEOUT,
+    )
+    return TrainerConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        step_time=args.step_time,
+        log_every=max(1, args.log_every),
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_interval=args.checkpoint_interval,
+        keep=args.keep,
+        faults=faults,
+        framework=Framework(args.framework),
+        distributed=distributed,
+        collective_timeout_seconds=max(1, timeout),
+        attempt=_int(env.get(ENV_ATTEMPT) or "0", ENV_ATTEMPT),
+        expect_tpu_chips_per_host=_int(env.get(ENV_EXPECT_TPU_CHIPS) or "0", ENV_EXPECT_TPU_CHIPS),
+        allow_cpu_fallback=(env.get(ENV_ALLOW_CPU_FALLBACK, "").lower() in {"1", "true", "yes"}),
+        heartbeat_lease=env.get(ENV_HEARTBEAT_LEASE) or None,
+        namespace=env.get(ENV_NAMESPACE) or "default",
+    )

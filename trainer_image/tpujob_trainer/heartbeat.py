@@ -1,0 +1,156 @@
+"""The progress heartbeat: worker 0 renews a coordination.k8s.io/v1 Lease while steps complete.
+
+The training loop calls `Heartbeat.progress(...)` after each step (cheap: it only records the
+numbers). A background thread calls `renew_if_due()`, which patches the Lease only when a step
+completed since the last renewal and at most once per `min_interval` seconds. So a hung step
+really stops the heartbeat, which is how the operator tells a hung run from a slow one. Errors
+from the API are logged and never reach training. The Lease client and the clock are injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from tpujob_trainer.contract import (
+    HEARTBEAT_ATTEMPT,
+    HEARTBEAT_CHECKPOINT_STEP,
+    HEARTBEAT_LOSS,
+    HEARTBEAT_STEP,
+    HEARTBEAT_STEPS_PER_SECOND,
+    HEARTBEAT_TOTAL_STEPS,
+)
+
+log = logging.getLogger(__name__)
+
+
+class LeaseClient(Protocol):
+    """The one call the heartbeat needs: a merge patch of a namespaced Lease."""
+
+    def patch_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        """Apply `body` to the Lease."""
+
+
+class KubernetesLeaseClient:
+    """`LeaseClient` over the kubernetes client: in-cluster credentials, else KUBECONFIG."""
+
+    def __init__(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        self._api = client.CoordinationV1Api()
+
+    def patch_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        """Merge-patch the Lease; the operator created it and granted `patch` on it alone."""
+        self._api.patch_namespaced_lease(name, namespace, body)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The numbers one renewal publishes."""
+
+    step: int
+    total_steps: int
+    loss: float
+    steps_per_second: float
+    checkpoint_step: int | None
+    attempt: int
+
+
+def lease_patch(progress: Progress, now: datetime) -> dict[str, Any]:
+    """The merge patch for one renewal: renewTime is the heartbeat, annotations the numbers."""
+    return {
+        "metadata": {
+            "annotations": {
+                HEARTBEAT_STEP: str(progress.step),
+                HEARTBEAT_TOTAL_STEPS: str(progress.total_steps),
+                HEARTBEAT_LOSS: f"{progress.loss:.6g}",
+                HEARTBEAT_STEPS_PER_SECOND: f"{progress.steps_per_second:.3g}",
+                HEARTBEAT_CHECKPOINT_STEP: (
+                    "" if progress.checkpoint_step is None else str(progress.checkpoint_step)
+                ),
+                HEARTBEAT_ATTEMPT: str(progress.attempt),
+            }
+        },
+        "spec": {"renewTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    }
+
+
+class Heartbeat:
+    """Rate-limited Lease renewal on progress; thread-safe; `start()`/`stop()` own the thread."""
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        name: str,
+        namespace: str,
+        min_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._client = client
+        self._name = name
+        self._namespace = namespace
+        self._min_interval = min_interval
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self._pending: Progress | None = None
+        self._last_renewal: float | None = None
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewals = 0
+        self.errors = 0
+
+    def progress(self, progress: Progress) -> None:
+        """Record that a step completed; the next due renewal publishes it."""
+        with self._lock:
+            self._pending = progress
+
+    def renew_if_due(self) -> bool:
+        """Patch the Lease if a step completed since the last renewal and the interval passed."""
+        now = self._clock()
+        with self._lock:
+            if self._pending is None:
+                return False
+            if self._last_renewal is not None and now - self._last_renewal < self._min_interval:
+                return False
+            progress, self._pending = self._pending, None
+            self._last_renewal = now
+        try:
+            self._client.patch_lease(
+                self._name, self._namespace, lease_patch(progress, self._wall_clock())
+            )
+        except Exception as error:
+            # Any API or network error: training matters more than the heartbeat.
+            self.errors += 1
+            log.warning("heartbeat: renewing lease %s/%s failed: %s",
+                        self._namespace, self._name, error)
+            return False
+        self.renewals += 1
+        return True
+
+    def start(self) -> None:
+        """Renew from a daemon thread until `stop()`."""
+        self._thread = threading.Thread(target=self._run, name="tpujob-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Publish the last progress (if due) and end the thread."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.renew_if_due()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._min_interval / 4):
+            self.renew_if_due()
