@@ -18,6 +18,8 @@ SHORT_NAMES = ("tpujob", "tpujobs")
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # Bounds on user input.
+# Leaves room in a 63-character DNS label for the suffixes of derived pod and service names.
+MAX_JOB_NAME_LENGTH = 40
 MAX_SLICES = 64
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096

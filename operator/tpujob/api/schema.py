@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 from tpujob.api import constants as c
+from tpujob.api.base import cel
 from tpujob.api.spec import TPUTrainingJobSpec
 from tpujob.api.status import TPUTrainingJobStatus
 
@@ -95,6 +96,15 @@ def open_api_schema() -> Schema:
             "checkpoints go, and how failures are recovered."
         ),
         "required": ["spec"],
+        _RULES: [
+            cel(
+                f"size(self.metadata.name) <= {c.MAX_JOB_NAME_LENGTH}"
+                " && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                f"metadata.name must be a DNS-1035 label of at most {c.MAX_JOB_NAME_LENGTH} "
+                "characters (lowercase letters, digits and '-', starting with a letter): worker "
+                "pod, host and service names are derived from it",
+            )
+        ],
         "properties": {
             "apiVersion": {
                 "type": "string",
