@@ -1,0 +1,65 @@
+"""Failure diagnosis: facts about failed workers in, a classified and explained verdict out.
+
+Pure code (no Kubernetes, no kopf); the operator builds the facts from pods and nodes and
+acts on the returned `Diagnosis`. Import from here; the submodules are implementation.
+"""
+
+from tpujob.diagnosis.cascade import (
+    DEFAULT_UNKNOWN_RETRY_LIMIT,
+    apply_history,
+    diagnose_job,
+    pick_root,
+)
+from tpujob.diagnosis.engine import diagnose_worker
+from tpujob.diagnosis.facts import (
+    HeartbeatFacts,
+    JobFacts,
+    NodeFacts,
+    PendingFacts,
+    PriorFailure,
+    WorkerFacts,
+)
+from tpujob.diagnosis.model import (
+    ChainLink,
+    Confidence,
+    Diagnosis,
+    Evidence,
+    FailureClass,
+    FailureCode,
+    Source,
+    tag,
+)
+from tpujob.diagnosis.rules import (
+    RuleTable,
+    RuleTableError,
+    UserRule,
+    default_rule_table,
+    parse_rule_table,
+)
+
+__all__ = [
+    "DEFAULT_UNKNOWN_RETRY_LIMIT",
+    "ChainLink",
+    "Confidence",
+    "Diagnosis",
+    "Evidence",
+    "FailureClass",
+    "FailureCode",
+    "HeartbeatFacts",
+    "JobFacts",
+    "NodeFacts",
+    "PendingFacts",
+    "PriorFailure",
+    "RuleTable",
+    "RuleTableError",
+    "Source",
+    "UserRule",
+    "WorkerFacts",
+    "apply_history",
+    "default_rule_table",
+    "diagnose_job",
+    "diagnose_worker",
+    "parse_rule_table",
+    "pick_root",
+    "tag",
+]

@@ -1,0 +1,126 @@
+"""`tpujob diagnose`: diagnose one failure from a log, or score the engine on a corpus.
+
+    tpujob diagnose [--log FILE|-] [--exit-code N] [--reason R] [--context TEXT] [--json]
+    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high]
+
+The eval ends with one machine-readable line,
+`accuracy=A n=N fatal_retried=F retryable_failed=R`, and exits 0: the bar is enforced by
+the unit tests, not by this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from tpujob.diagnosis.engine import diagnose_worker
+from tpujob.diagnosis.evaluate import CLASSES, CorpusError, Report, evaluate, parse_corpus
+from tpujob.diagnosis.facts import WorkerFacts
+from tpujob.diagnosis.model import Confidence, Diagnosis
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "diagnose",
+        help="classify a failure as soft/medium/hard/fatal and explain why",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument("--log", metavar="FILE", help="log tail to read ('-' for stdin)")
+    parser.add_argument("--exit-code", type=int, help="the container's exit code")
+    parser.add_argument("--reason", help="the termination reason (OOMKilled, Error, ...)")
+    parser.add_argument("--message", default="", help="the termination message (JSON or text)")
+    parser.add_argument("--context", default="", help="other known facts, as free text")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument("--eval", metavar="FILE.jsonl", help="score the engine on a corpus")
+    parser.add_argument(
+        "--min-confidence",
+        choices=[c.value for c in Confidence],
+        default=Confidence.LOW.value,
+        help="with --eval: skip corpus entries whose label is less certain",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
+    stream = out if out is not None else sys.stdout
+    console = Console(file=stream, highlight=False, soft_wrap=True)
+    if args.eval:
+        try:
+            with Path(args.eval).open(encoding="utf-8") as corpus:
+                entries = parse_corpus(corpus)
+        except (OSError, CorpusError) as error:
+            console.print(f"tpujob diagnose: {error}", markup=False)
+            return 2
+        print_report(console, evaluate(entries, min_confidence=Confidence(args.min_confidence)))
+        return 0
+    log = ""
+    if args.log == "-":
+        log = (stdin if stdin is not None else sys.stdin).read()
+    elif args.log:
+        try:
+            log = Path(args.log).read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            console.print(f"tpujob diagnose: {error}", markup=False)
+            return 2
+    facts = WorkerFacts(
+        exit_code=args.exit_code,
+        reason=args.reason,
+        message=args.message,
+        log_tail=log,
+        context=args.context,
+    )
+    diagnosis = diagnose_worker(facts)
+    if args.json:
+        stream.write(json.dumps(diagnosis.as_dict(), indent=2) + "\n")
+    else:
+        print_diagnosis(console, diagnosis)
+    return 0
+
+
+def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
+    console.print(diagnosis.headline, markup=False)
+    console.print(f"confidence: {diagnosis.confidence} (rule {diagnosis.rule})", markup=False)
+    console.print("chain (root -> symptom):", markup=False)
+    for link in diagnosis.chain:
+        console.print(f"  - {link}", markup=False)
+    console.print("evidence:", markup=False)
+    for item in diagnosis.evidence:
+        console.print(f"  - {item}", markup=False)
+    console.print(f"action: {diagnosis.action}", markup=False)
+    if diagnosis.advice:
+        console.print(f"advice: {diagnosis.advice}", markup=False)
+
+
+def print_report(console: Console, report: Report) -> None:
+    scores = Table(title="per class")
+    for column in ("class", "precision", "recall", "support"):
+        scores.add_column(column)
+    for score in report.per_class:
+        scores.add_row(
+            str(score.failure_class),
+            f"{score.precision:.2f}",
+            f"{score.recall:.2f}",
+            str(score.support),
+        )
+    console.print(scores)
+    confusion = Table(title="confusion (rows: label, columns: diagnosis)")
+    confusion.add_column("label")
+    for cls in CLASSES:
+        confusion.add_column(str(cls))
+    for expected in CLASSES:
+        confusion.add_row(str(expected), *(str(report.confusion[expected][p]) for p in CLASSES))
+    console.print(confusion)
+    for item in report.scored:
+        if not item.correct:
+            console.print(
+                f"miss {item.entry.id}: label {item.entry.label}, diagnosed"
+                f" {item.diagnosis.failure_class} by rule {item.diagnosis.rule}",
+                markup=False,
+            )
+    console.print(report.summary_line, markup=False)

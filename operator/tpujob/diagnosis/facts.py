@@ -1,0 +1,116 @@
+"""The observed facts the diagnosis reads: plain frozen values the operator fills in.
+
+Nothing here knows about Kubernetes objects; the operator copies fields from pods, nodes,
+Leases and its own status into these values. Strings stay strings where Kubernetes spells
+them (termination reasons, DisruptionTarget reasons, taint keys) so the copying is direct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# Kubernetes spellings the engine compares against.
+DISRUPTION_PREEMPTION = "PreemptionByScheduler"
+DISRUPTION_TAINT_MANAGER = "DeletionByTaintManager"
+DISRUPTION_EVICTION_API = "EvictionByEvictionAPI"
+DISRUPTION_KUBELET = "TerminationByKubelet"
+REASON_OOM_KILLED = "OOMKilled"
+
+TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+TAINT_OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+# GKE maintenance taints and labels (label value that means "now", or None for "present").
+MAINTENANCE_TAINTS = (
+    "cloud.google.com/impending-node-termination",
+    "cloud.google.com/maintenance-window-started",
+)
+MAINTENANCE_LABELS: tuple[tuple[str, str | None], ...] = (
+    ("cloud.google.com/active-node-maintenance", "ONGOING"),
+    ("cloud.google.com/perform-maintenance", "true"),
+)
+SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """The node a worker ran on, as the operator last saw it."""
+
+    name: str = ""
+    exists: bool = True  # False once the Node object is gone
+    ready: str = "True"  # status of the Ready condition: "True", "False" or "Unknown"
+    taints: tuple[str, ...] = ()  # taint keys
+    labels: Mapping[str, str] = field(default_factory=dict)
+    accelerator_unhealthy: bool = False  # a node condition reports the TPU unhealthy
+    tpu_allocatable: int | None = None  # allocatable google.com/tpu now
+    tpu_requested: int | None = None  # google.com/tpu the worker's pod asked for
+
+
+@dataclass(frozen=True)
+class PendingFacts:
+    """A worker pod that never started: the scheduler's message and how long it has waited."""
+
+    message: str
+    seconds_pending: float = 0.0
+
+
+@dataclass(frozen=True)
+class HeartbeatFacts:
+    """The trainer's heartbeat Lease: seconds since its last renewal vs the stall timeout."""
+
+    seconds_since: float
+    stall_timeout: float
+    step: int | None = None
+
+    @property
+    def stalled(self) -> bool:
+        return self.seconds_since > self.stall_timeout
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """Everything known about one failed (or stuck) worker."""
+
+    worker_index: int | None = None
+    slice_index: int | None = None
+    pod_name: str = ""
+    node_name: str = ""
+    exit_code: int | None = None
+    signal: int | None = None  # as the kubelet reports it; derived from 128+N when absent
+    reason: str | None = None  # OOMKilled, Error, ContainerCannotRun, StartError...
+    message: str = ""  # termination message: the trainer's JSON or free text
+    log_tail: str = ""
+    context: str = ""  # other free text: pod/node Event messages, status messages, notes
+    disruption: str | None = None  # reason of the pod's DisruptionTarget condition
+    node: NodeFacts | None = None
+    pending: PendingFacts | None = None
+    heartbeat: HeartbeatFacts | None = None
+    step: int | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def effective_signal(self) -> int | None:
+        if self.signal is not None:
+            return self.signal
+        if self.exit_code is not None and 128 < self.exit_code <= 128 + 64:
+            return self.exit_code - 128
+        return None
+
+
+@dataclass(frozen=True)
+class PriorFailure:
+    """An earlier failure of the same job, as recorded in its status (oldest first)."""
+
+    signature: str
+    code: str
+    step: int | None = None
+    node_name: str = ""
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The failed workers of one job attempt, plus the job-wide heartbeat."""
+
+    workers: tuple[WorkerFacts, ...] = ()
+    heartbeat: HeartbeatFacts | None = None

@@ -1,0 +1,28 @@
+"""The bar on real failure reports: accuracy and the two costly kinds of error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tpujob.diagnosis.evaluate import evaluate, parse_corpus
+from tpujob.diagnosis.model import Confidence
+
+CORPUS = Path(__file__).parents[2] / "data" / "corpus" / "errors.jsonl"
+MIN_ACCURACY = 0.90
+MAX_FATAL_RETRIED = 2
+
+
+def test_corpus_entries_keep_their_sources() -> None:
+    lines = CORPUS.read_text(encoding="utf-8").splitlines()
+    assert lines
+    assert all(json.loads(line)["source"] for line in lines)
+
+
+def test_engine_meets_the_bar_on_high_and_medium_confidence_reports() -> None:
+    entries = parse_corpus(CORPUS.read_text(encoding="utf-8").splitlines())
+    report = evaluate(entries, min_confidence=Confidence.MEDIUM)
+    misses = [(s.entry.id, s.entry.label, s.diagnosis.rule) for s in report.scored if not s.correct]
+    assert report.n == sum(e.confidence is not Confidence.LOW for e in entries)
+    assert report.accuracy >= MIN_ACCURACY, (report.summary_line, misses)
+    assert report.fatal_retried <= MAX_FATAL_RETRIED, (report.summary_line, misses)

@@ -1,0 +1,121 @@
+"""Layers decide in order: user rules, node facts, trainer code, text, exit code, default."""
+
+from __future__ import annotations
+
+from tpujob import contract
+from tpujob.diagnosis import (
+    FailureClass,
+    FailureCode,
+    NodeFacts,
+    Source,
+    UserRule,
+    WorkerFacts,
+    diagnose_worker,
+)
+from tpujob.diagnosis.facts import DISRUPTION_PREEMPTION, TAINT_UNREACHABLE
+
+SHAPE_LOG = "ValueError: cannot reshape array of size 2 into shape (1,64)"
+
+
+def trainer_message(code: str, hint: contract.ClassHint, exit_code: int) -> str:
+    return contract.encode_termination_message(
+        contract.TerminationMessage(
+            code=code, exit_code=exit_code, class_hint=hint, summary=f"{code} reported", step=7
+        )
+    )
+
+
+def test_user_rule_outranks_node_facts_and_text() -> None:
+    rule = UserRule(
+        failure_class=FailureClass.SOFT,
+        code=FailureCode.DATA_ERROR,
+        message_regex=r"cannot reshape",
+        name="reshape-is-flaky",
+    )
+    facts = WorkerFacts(log_tail=SHAPE_LOG, node=NodeFacts(name="n", ready="False"))
+    diagnosis = diagnose_worker(facts, user_rules=[rule])
+    assert (diagnosis.failure_class, diagnosis.code) == (FailureClass.SOFT, FailureCode.DATA_ERROR)
+    assert diagnosis.evidence[0].source is Source.USER_RULE
+
+
+def test_user_rule_needs_every_condition() -> None:
+    rule = UserRule(failure_class=FailureClass.SOFT, exit_codes=(3,), message_regex="reshape")
+    diagnosis = diagnose_worker(WorkerFacts(exit_code=1, log_tail=SHAPE_LOG), user_rules=[rule])
+    assert diagnosis.code is FailureCode.SHAPE_MISMATCH
+
+
+def test_user_rule_without_conditions_never_matches() -> None:
+    rule = UserRule(failure_class=FailureClass.SOFT)
+    assert diagnose_worker(WorkerFacts(exit_code=127), user_rules=[rule]).code is (
+        FailureCode.COMMAND_NOT_FOUND
+    )
+
+
+def test_first_user_rule_wins() -> None:
+    rules = [
+        UserRule(failure_class=FailureClass.HARD, exit_codes=(1,), name="first"),
+        UserRule(failure_class=FailureClass.SOFT, exit_codes=(1,), name="second"),
+    ]
+    assert diagnose_worker(WorkerFacts(exit_code=1), user_rules=rules).rule == "first"
+
+
+def test_node_facts_outrank_trainer_code_and_text() -> None:
+    facts = WorkerFacts(
+        exit_code=30,
+        message=trainer_message("COLLECTIVE_FAILURE", contract.ClassHint.SOFT, 30),
+        log_tail="Gloo all-reduce failed: Connection closed by peer",
+        node=NodeFacts(name="tpu-node-3", taints=(TAINT_UNREACHABLE,)),
+    )
+    diagnosis = diagnose_worker(facts)
+    assert (diagnosis.failure_class, diagnosis.code) == (FailureClass.HARD, FailureCode.NODE_LOST)
+    assert "tpu-node-3" in str(diagnosis.chain[0])
+
+
+def test_disruption_target_outranks_exit_code() -> None:
+    diagnosis = diagnose_worker(WorkerFacts(exit_code=143, disruption=DISRUPTION_PREEMPTION))
+    assert diagnosis.code is FailureCode.PREEMPTED
+
+
+def test_maintenance_taint_is_soft_not_a_node_fault() -> None:
+    node = NodeFacts(
+        name="n", ready="False", taints=("cloud.google.com/impending-node-termination",)
+    )
+    diagnosis = diagnose_worker(WorkerFacts(exit_code=143, node=node))
+    assert (diagnosis.failure_class, diagnosis.code) == (FailureClass.SOFT, FailureCode.MAINTENANCE)
+
+
+def test_dropped_tpu_allocatable_is_hard() -> None:
+    node = NodeFacts(name="n", tpu_allocatable=2, tpu_requested=4)
+    assert diagnose_worker(WorkerFacts(exit_code=1, node=node)).code is FailureCode.TPU_UNHEALTHY
+
+
+def test_trainer_code_outranks_text_regexes() -> None:
+    facts = WorkerFacts(
+        exit_code=23,
+        message=trainer_message("HBM_OOM", contract.ClassHint.FATAL, 23),
+        log_tail="Connection reset by peer",
+    )
+    diagnosis = diagnose_worker(facts)
+    assert (diagnosis.failure_class, diagnosis.code) == (FailureClass.FATAL, FailureCode.HBM_OOM)
+    assert diagnosis.step == 7
+
+
+def test_trainer_unknown_code_lets_text_decide() -> None:
+    facts = WorkerFacts(
+        exit_code=1,
+        message=trainer_message("UNKNOWN", contract.ClassHint.MEDIUM, 1),
+        log_tail=SHAPE_LOG,
+    )
+    assert diagnose_worker(facts).code is FailureCode.SHAPE_MISMATCH
+
+
+def test_text_outranks_exit_code() -> None:
+    facts = WorkerFacts(exit_code=137, log_tail="Ran out of memory in memory space hbm")
+    assert diagnose_worker(facts).code is FailureCode.HBM_OOM_AT_COMPILE
+
+
+def test_free_text_termination_message_is_searched() -> None:
+    facts = WorkerFacts(exit_code=1, message="ImportError: cannot import name 'runtime'")
+    diagnosis = diagnose_worker(facts)
+    assert diagnosis.failure_class is FailureClass.FATAL
+    assert diagnosis.evidence[0].source is Source.MESSAGE
