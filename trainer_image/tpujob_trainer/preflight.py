@@ -16,6 +16,9 @@ from tpujob_trainer.failures import TrainerError
 log = logging.getLogger(__name__)
 
 _BUSY_MARKS = ("TPU is already in use", "already in use by process", "Device or resource busy")
+# libtpu absent altogether: JAX fell back to CPU because the image has no TPU support.
+_NOT_INSTALLED_MARKS = ("cannot open shared object file", "No such file or directory")
+# libtpu present but refusing to start: typically a jax/libtpu version or TPU generation mismatch.
 _LIBTPU_MARKS = (
     "libtpu",
     "TPU initialization failed",
@@ -65,7 +68,8 @@ def check_devices(probe: DeviceProbe, *, expect_chips: int, allow_cpu_fallback: 
             "leftover trainer in this pod or on the node (lsof /dev/accel* / /dev/vfio) and that "
             "only one container per pod requests google.com/tpu",
         )
-    if probe.backend != "tpu" and any(mark in error for mark in _LIBTPU_MARKS):
+    not_installed = any(mark in error for mark in _NOT_INSTALLED_MARKS)
+    if probe.backend != "tpu" and not not_installed and any(m in error for m in _LIBTPU_MARKS):
         raise TrainerError(
             ExitCode.LIBTPU_UNAVAILABLE,
             f"libtpu could not be loaded ({error.splitlines()[0][:300]}); check that the image "
@@ -81,7 +85,8 @@ def check_devices(probe: DeviceProbe, *, expect_chips: int, allow_cpu_fallback: 
             return probe.backend
         raise TrainerError(
             ExitCode.DEVICE_FALLBACK_TO_CPU,
-            f"expected {expect_chips} TPU chips per host but JAX fell back to {probe.backend}; "
+            f"expected {expect_chips} TPU chips per host but JAX fell back to {probe.backend}"
+            f"{' (libtpu is not installed)' if not_installed else ''}; "
             "check that the pod requests google.com/tpu on a TPU node pool, that the TPU device "
             "plugin runs there, and that jax[tpu]/libtpu are installed in the image "
             "(set allowCpuFallback to train on CPU anyway)",

@@ -1,0 +1,104 @@
+"""The trainer/operator failure contract: one source, stable codes, a bounded message."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tpujob_trainer import contract
+from tpujob_trainer.contract import (
+    EXIT_CODES,
+    MAX_MESSAGE_BYTES,
+    ClassHint,
+    ExitCode,
+    TerminationMessage,
+    describe_exit_code,
+    encode_termination_message,
+    parse_termination_message,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+BASE = TerminationMessage(
+    code="COLLECTIVE_FAILURE", exit_code=30, class_hint=ClassHint.SOFT,
+    summary="Gloo all-reduce failed", step=120, checkpoint_step=100, backend="cpu", worker=1,
+    traceback="Traceback ...\nJaxRuntimeError: boom\n",
+)
+
+
+def message(**overrides: str) -> TerminationMessage:
+    return replace(BASE, **overrides)
+
+
+def test_operator_copy_is_byte_identical_to_the_trainer_contract() -> None:
+    trainer = ROOT / "trainer_image" / "tpujob_trainer" / "contract.py"
+    operator = ROOT / "operator" / "tpujob" / "contract.py"
+    assert operator.read_bytes() == trainer.read_bytes(), (
+        "operator/tpujob/contract.py drifted; copy the trainer's contract over it"
+    )
+
+
+def test_message_round_trips_through_json() -> None:
+    original = message()
+    assert parse_termination_message(encode_termination_message(original)) == original
+
+
+@pytest.mark.parametrize(
+    ("summary", "traceback"),
+    [
+        ("short", "frame\n" * 20_000),
+        ("s" * 10_000, "t" * 10_000),
+        ("é\"\\\n" * 3_000, "\x00\u2603\"" * 5_000),
+    ],
+    ids=["huge-traceback", "huge-summary-and-traceback", "escape-heavy-text"],
+)
+def test_encoded_message_fits_4kib_and_keeps_the_traceback_tail(
+    summary: str, traceback: str
+) -> None:
+    text = encode_termination_message(message(summary=summary, traceback=traceback + "TAIL"))
+    assert len(text.encode()) <= MAX_MESSAGE_BYTES
+    parsed = parse_termination_message(text)
+    assert parsed is not None and parsed.code == "COLLECTIVE_FAILURE" and parsed.step == 120
+    if parsed.traceback:
+        assert parsed.traceback.endswith("TAIL")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "Error: plain text from a crashed process", "[1, 2]", json.dumps({"code": 3}),
+     json.dumps({"code": "X", "class_hint": "tepid", "exit_code": 1})],
+    ids=["empty", "free-text", "not-an-object", "code-not-a-string", "unknown-class-hint"],
+)
+def test_anything_not_written_by_the_trainer_parses_to_none(text: str) -> None:
+    assert parse_termination_message(text) is None
+
+
+def test_every_exit_code_but_ok_has_a_meaning() -> None:
+    assert set(EXIT_CODES) == set(ExitCode) - {ExitCode.OK}
+    for code in ExitCode:
+        info = describe_exit_code(int(code))
+        assert (info is None) == (code is ExitCode.OK)
+
+
+@pytest.mark.parametrize("code", list(ExitCode), ids=[c.name for c in ExitCode])
+def test_exit_code_never_reads_as_a_shell_or_signal_status(code: ExitCode) -> None:
+    assert 0 <= int(code) < 126
+
+
+def test_failure_codes_are_unique() -> None:
+    assert len({info.code for info in EXIT_CODES.values()}) == len(EXIT_CODES)
+    assert len({int(c) for c in ExitCode}) == len(ExitCode)
+
+
+def test_preempted_is_the_retry_code_42_and_soft() -> None:
+    assert ExitCode.PREEMPTED == 42
+    assert EXIT_CODES[ExitCode.PREEMPTED].hint is ClassHint.SOFT
+
+
+def test_env_names_the_trainer_reads_are_in_the_contract() -> None:
+    assert contract.ENV_FAULTS == "TPUJOB_FAULTS"
+    assert contract.ENV_TERMINATION_MESSAGE_PATH == "TPUJOB_TERMINATION_MESSAGE_PATH"

@@ -1,0 +1,47 @@
+"""Resuming from orbax checkpoints: the right step, bit-for-bit state, fallback past a bad one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trainer_processes import Launcher
+
+pytestmark = pytest.mark.trainer
+
+ARGS = ("--batch-size", "8", "--seed", "5", "--checkpoint-interval", "3")
+
+
+def test_resume_continues_at_the_saved_step_with_identical_state(
+    trainer: Launcher, tmp_path: Path
+) -> None:
+    directory = str(tmp_path / "ckpt")
+    first = trainer("--steps", "6", "--checkpoint-dir", directory, *ARGS, name="first")
+    uninterrupted = trainer("--steps", "9", *ARGS, name="uninterrupted")
+    assert first.wait(120) == 0
+    resumed = trainer("--steps", "9", "--checkpoint-dir", directory, *ARGS, name="resumed")
+    assert resumed.wait(120) == 0 and uninterrupted.wait(120) == 0
+    assert "training steps 7..9" in resumed.log
+    assert "step 6/" not in resumed.log
+    assert resumed.digest("resumed from step 6") == first.digest("saving step 6")
+    assert resumed.digest("done") == uninterrupted.digest("done")
+    assert resumed.final_loss() == uninterrupted.final_loss()
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous_one(
+    trainer: Launcher, tmp_path: Path
+) -> None:
+    directory = tmp_path / "ckpt"
+    first = trainer("--steps", "6", "--checkpoint-dir", str(directory), *ARGS, name="first")
+    assert first.wait(120) == 0
+    corrupted = [p for p in (directory / "6").rglob("*") if p.is_file() and "default" in p.parts]
+    assert corrupted
+    for path in corrupted:
+        path.write_bytes(b"\x85not a checkpoint\x00" * 4)
+    resumed = trainer("--steps", "7", "--checkpoint-dir", str(directory), *ARGS, name="resumed")
+    assert resumed.wait(120) == 0
+    assert "checkpoint step 6 cannot be restored" in resumed.log
+    assert "checkpoint fallback: steps [6] could not be restored, resumed from 3" in resumed.log
+    assert resumed.digest("resumed from step 3") == first.digest("saving step 3")
+    # Replaying steps 4..6 from step 3 rebuilds exactly the state the corrupted step held.
+    assert resumed.digest("saving step 6") == first.digest("saving step 6")

@@ -1,0 +1,99 @@
+"""How the trainer reads its job from the environment the operator or GKE sets."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpujob_trainer.config import Distributed, Framework, load_config, resolve_distributed
+from tpujob_trainer.contract import ExitCode
+from tpujob_trainer.failures import TrainerError
+from tpujob_trainer.faults import FaultKind
+
+pytestmark = pytest.mark.trainer
+
+CASES = [
+    ({}, None),
+    (
+        {"JAX_COORDINATOR_ADDRESS": "job-0.svc:1234", "JAX_NUM_PROCESSES": "4",
+         "JAX_PROCESS_ID": "3", "TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "a,b"},
+        Distributed("job-0.svc:1234", 4, 3),
+    ),
+    ({"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost"}, None),
+    ({"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3"}, Distributed("h0:8476", 4, 1)),
+    (
+        {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "s1h0,s1h1", "MEGASCALE_NUM_SLICES": "2",
+         "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": "s0h0:8080"},
+        Distributed("s0h0:8476", 4, 3),
+    ),
+    (
+        {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "h0,h1",
+         "JAX_COORDINATOR_ADDRESS": "given:9999"},
+        Distributed("given:9999", 2, 0),
+    ),
+    ({"JAX_COORDINATOR_ADDRESS": "c:1", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"}, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    CASES,
+    ids=[
+        "nothing-set-is-single-process",
+        "operator-jax-variables-win-over-gke",
+        "single-host-gke-is-single-process",
+        "multi-host-slice-uses-worker-0-on-8476",
+        "multislice-process-id-is-slice-major",
+        "explicit-coordinator-overrides-the-derived-one",
+        "one-process-needs-no-coordinator",
+    ],
+)
+def test_distributed_settings_come_from_env(
+    env: dict[str, str], expected: Distributed | None
+) -> None:
+    assert resolve_distributed(env) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        ([], {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}),
+        ([], {"JAX_COORDINATOR_ADDRESS": "c:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}),
+        (["--batch-size", "3"], {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "a,b"}),
+        ([], {"TPUJOB_FAULTS": "explode@3"}),
+        ([], {"TPUJOB_CHECKPOINT_INTERVAL_STEPS": "often"}),
+        (["--steps", "many"], {}),
+    ],
+    ids=[
+        "process-count-without-coordinator",
+        "process-id-out-of-range",
+        "batch-not-divisible-by-processes",
+        "unknown-fault-kind",
+        "non-integer-env",
+        "bad-flag-value",
+    ],
+)
+def test_invalid_config_is_a_config_error(argv: list[str], env: dict[str, str]) -> None:
+    with pytest.raises(TrainerError) as caught:
+        load_config(argv, env)
+    assert caught.value.exit_code is ExitCode.CONFIG_ERROR
+
+
+def test_env_supplies_defaults_and_flags_override_them() -> None:
+    env = {
+        "TPUJOB_CHECKPOINT_DIR": "gs://bucket/run",
+        "TPUJOB_CHECKPOINT_INTERVAL_STEPS": "7",
+        "TPUJOB_CHECKPOINT_KEEP": "2",
+        "TPUJOB_FAULTS": "crash@5:worker=1, hang@9",
+        "TPUJOB_ATTEMPT": "3",
+        "TPUJOB_COLLECTIVE_TIMEOUT_SECONDS": "90",
+        "TPUJOB_ALLOW_CPU_FALLBACK": "true",
+        "TPUJOB_EXPECT_TPU_CHIPS_PER_HOST": "4",
+    }
+    config = load_config(["--keep", "5", "--fault", "shape@2", "--framework", "tensorflow"], env)
+    assert (config.checkpoint_dir, config.checkpoint_interval, config.keep) == (
+        "gs://bucket/run", 7, 5,
+    )
+    assert [f.kind for f in config.faults] == [FaultKind.SHAPE, FaultKind.CRASH, FaultKind.HANG]
+    assert (config.attempt, config.collective_timeout_seconds) == (3, 90)
+    assert config.allow_cpu_fallback and config.expect_tpu_chips_per_host == 4
+    assert config.framework is Framework.TENSORFLOW

@@ -1,0 +1,127 @@
+"""The heartbeat renews the Lease on progress only, at a bounded rate, and survives API errors."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tpujob_trainer.contract import (
+    HEARTBEAT_ATTEMPT,
+    HEARTBEAT_CHECKPOINT_STEP,
+    HEARTBEAT_LOSS,
+    HEARTBEAT_STEP,
+    HEARTBEAT_STEPS_PER_SECOND,
+    HEARTBEAT_TOTAL_STEPS,
+)
+from tpujob_trainer.heartbeat import Heartbeat, Progress
+
+pytestmark = pytest.mark.trainer
+
+NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+class RecordingLeases:
+    """A LeaseClient that keeps every patch, or fails the first `failures` calls."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.failures = failures
+
+    def patch_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("apiserver unreachable")
+        self.patches.append((name, namespace, body))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress(step: int) -> Progress:
+    return Progress(step=step, total_steps=50, loss=0.25, steps_per_second=2.5,
+                    checkpoint_step=10, attempt=1)
+
+
+def make(client: RecordingLeases, clock: FakeClock) -> Heartbeat:
+    return Heartbeat(client, name="job-heartbeat", namespace="ml", min_interval=1.0,
+                     clock=clock, wall_clock=lambda: NOW)
+
+
+def test_renewal_publishes_progress_as_renew_time_and_annotations() -> None:
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    heartbeat.progress(progress(12))
+    assert heartbeat.renew_if_due()
+    name, namespace, body = client.patches[0]
+    assert (name, namespace) == ("job-heartbeat", "ml")
+    assert body["spec"]["renewTime"] == "2030-01-02T03:04:05.678901Z"
+    assert body["metadata"]["annotations"] == {
+        HEARTBEAT_STEP: "12", HEARTBEAT_TOTAL_STEPS: "50", HEARTBEAT_LOSS: "0.25",
+        HEARTBEAT_STEPS_PER_SECOND: "2.5", HEARTBEAT_CHECKPOINT_STEP: "10",
+        HEARTBEAT_ATTEMPT: "1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("events", "renewals"),
+    [
+        ([("renew", 0.0)], 0),
+        ([("step", 0.0), ("renew", 0.0), ("renew", 5.0)], 1),
+        ([("step", 0.0), ("renew", 0.0), ("step", 0.2), ("renew", 0.5), ("renew", 1.0)], 2),
+        ([("step", 0.0), ("renew", 0.0), ("step", 0.1), ("renew", 0.4), ("step", 0.6),
+          ("renew", 0.9)], 1),
+    ],
+    ids=["no-step-no-renewal", "a-hung-step-stops-renewing", "next-step-waits-for-interval",
+         "many-steps-in-one-interval-renew-once"],
+)
+def test_renewals_follow_progress_and_the_rate_limit(
+    events: list[tuple[str, float]], renewals: int
+) -> None:
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    step = 0
+    for event, at in events:
+        clock.now = 100.0 + at
+        if event == "step":
+            step += 1
+            heartbeat.progress(progress(step))
+        else:
+            heartbeat.renew_if_due()
+    assert len(client.patches) == renewals
+
+
+def test_api_errors_are_counted_and_the_next_step_renews_again() -> None:
+    client, clock = RecordingLeases(failures=1), FakeClock()
+    heartbeat = make(client, clock)
+    heartbeat.progress(progress(1))
+    assert not heartbeat.renew_if_due()
+    clock.now += 1.0
+    heartbeat.progress(progress(2))
+    assert heartbeat.renew_if_due()
+    assert heartbeat.errors == 1
+    assert client.patches[0][2]["metadata"]["annotations"][HEARTBEAT_STEP] == "2"
+
+
+def test_background_thread_renews_while_steps_complete_and_survives_errors() -> None:
+    client = RecordingLeases(failures=2)
+    heartbeat = Heartbeat(client, name="hb", namespace="ml", min_interval=0.05)
+    heartbeat.start()
+    try:
+        deadline = time.monotonic() + 5
+        step = 0
+        while len(client.patches) < 3 and time.monotonic() < deadline:
+            step += 1
+            heartbeat.progress(progress(step))
+            time.sleep(0.02)
+    finally:
+        heartbeat.stop()
+    assert heartbeat.errors == 2
+    assert len(client.patches) >= 3
