@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from tpujob.api import constants as c
+from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus, FailureRecord
 from tpujob.api.base import StatusModel
 from tpujob.api.enums import ConditionStatus, FailureClass, Phase
 
@@ -161,6 +162,14 @@ class TPUTrainingJobStatus(StatusModel):
     )
     start_time: datetime | None = Field(default=None, description="When the job first started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")
+    current_attempt: AttemptStatus = Field(
+        default_factory=AttemptStatus, description="How the current attempt is run."
+    )
+    failure_history: tuple[FailureRecord, ...] = Field(
+        default=(),
+        max_length=FAILURE_HISTORY_LIMIT,
+        description=f"The last {FAILURE_HISTORY_LIMIT} failures, oldest first.",
+    )
     timeline: tuple[TimelineEvent, ...] = Field(
         default=(),
         max_length=c.TIMELINE_LIMIT,

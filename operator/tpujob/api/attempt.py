@@ -1,0 +1,60 @@
+"""status.currentAttempt and status.failureHistory: the operator's journal of its decisions.
+
+Part of the API layer (pydantic only). The operator records a decision here before it acts on
+it (which pools the next attempt uses, when it may start, with which timeouts), so an operator
+restarted at any moment finishes the recovery it had started instead of deciding anew.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from tpujob.api import constants as c
+from tpujob.api.base import StatusModel
+
+FAILURE_HISTORY_LIMIT = 20
+
+
+class SlicePlacement(StatusModel):
+    """The node pool one slice of the current attempt runs on."""
+
+    slice: int = Field(ge=0, le=c.MAX_SLICES, description="Slice index.")
+    node_pool: str = Field(max_length=c.MAX_NAME_LENGTH, description="GKE node pool name.")
+
+
+class AttemptStatus(StatusModel):
+    """How the current attempt is run, decided when it was planned."""
+
+    placement: tuple[SlicePlacement, ...] = Field(
+        default=(), max_length=c.MAX_SLICES, description="Node pool per slice."
+    )
+    not_before: datetime | None = Field(
+        default=None, description="The attempt's pods are created no earlier (medium backoff)."
+    )
+    launched_time: datetime | None = Field(
+        default=None, description="When the attempt's pods were created."
+    )
+    collective_timeout_seconds: int | None = Field(
+        default=None, ge=1, description="Collective and coordination timeout given the trainer."
+    )
+    graceful: bool = Field(
+        default=False,
+        description="The previous attempt's pods were given their full grace period to save.",
+    )
+    recovering_since: datetime | None = Field(
+        default=None, description="When the failure that started this attempt was seen."
+    )
+    resumed_step: int | None = Field(
+        default=None, ge=0, description="First step reported by this attempt's heartbeat."
+    )
+
+
+class FailureRecord(StatusModel):
+    """One earlier failure, for the deterministic-repeat guard."""
+
+    signature: str = Field(max_length=256, description="Diagnosis signature.")
+    code: str = Field(max_length=64, description="Failure code.")
+    step: int | None = Field(default=None, ge=0, description="Training step at the failure.")
+    node: str | None = Field(default=None, max_length=c.MAX_NAME_LENGTH, description="Node.")

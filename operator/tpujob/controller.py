@@ -1,0 +1,119 @@
+"""One reconcile of one job: observe -> plan -> write status once -> act -> tell.
+
+The async shell around the pure planner. Client calls are blocking, so they run in worker
+threads; the status is written before any effect, and Events and metrics only after the status
+write succeeded (a failed write leaves nothing half-told).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tpujob.api import ConditionType, InvalidJobError, Phase, parse_status, status_patch
+from tpujob.kube.apply import Writer
+from tpujob.kube.observe import Reader, observe
+from tpujob.metrics import Metrics
+from tpujob.plan import Plan, PlannerSettings
+from tpujob.planning import plan
+
+log = logging.getLogger("tpujob.controller")
+INVALID_SPEC_RETRY_SECONDS = 300.0
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Deps:
+    """What the handlers share (kopf's memo); copying returns the same object."""
+
+    reader: Reader
+    writer: Writer
+    metrics: Metrics = field(default_factory=Metrics)
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    clock: Callable[[], dt.datetime] = utc_now
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def __copy__(self) -> Deps:
+        return self
+
+    def waker(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        if (event := self.wakers.get((namespace, name))) is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        for event in self.wakers.values():
+            event.set()
+
+
+async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
+    """Reconcile once; returns seconds until the next reconcile, None when the job is gone."""
+    body = await asyncio.to_thread(deps.reader.job_body, namespace, name)
+    if body is None:
+        deps.metrics.forget_job(namespace, name)
+        return None
+    try:
+        observed = await asyncio.to_thread(observe, deps.reader, body)
+    except InvalidJobError as err:
+        await _report_invalid(deps, body, err)
+        return INVALID_SPEC_RETRY_SECONDS
+    result = plan(observed, now=deps.clock(), settings=deps.settings)
+    new_status = status_patch(result.status)
+    if new_status != status_patch(parse_status(body.get("status"))):
+        await asyncio.to_thread(deps.writer.write_status, body, new_status)
+    await asyncio.to_thread(_act, deps, body, result)
+    _tell(deps, namespace, name, result)
+    return result.requeue_after
+
+
+def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
+    meta = body["metadata"]
+    assert isinstance(meta, dict)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    for deletion in result.delete_pods:
+        deps.writer.delete_pod(namespace, deletion)
+    for obj in result.create:
+        deps.writer.create(obj)
+    for mark in result.mark_nodes:
+        deps.writer.mark_node(mark, name)
+    if result.delete_job:
+        deps.writer.delete_job(body)
+    for event in result.events:
+        deps.writer.event(body, event)
+
+
+def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
+    status = result.status
+    for event in result.events:
+        log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+    if result.diagnosis is not None:
+        d = result.diagnosis
+        deps.metrics.record_failure(str(d.failure_class), str(d.code),
+                                    restarted=status.phase is Phase.RECOVERING)
+    if result.recovery_seconds is not None:
+        deps.metrics.record_recovery(result.recovery_seconds)
+    deps.metrics.record_job(namespace, name, status.phase, status.goodput,
+                            status.failed_node_budget_left)
+
+
+async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobError) -> None:
+    """A spec the schema let through but the operator cannot run: say so in a condition."""
+    status = parse_status(body.get("status"))  # type: ignore[arg-type]
+    from tpujob.api import Condition, ConditionStatus
+
+    message = "; ".join(f"{e.path}: {e.message}" for e in err.errors)[:4000]
+    status = status.with_condition(Condition(
+        type=ConditionType.SPEC_VALID, status=ConditionStatus.FALSE, reason="InvalidSpec",
+        message=message, last_transition_time=deps.clock())).model_copy(
+        update={"phase": Phase.PENDING})
+    new = status_patch(status)
+    if new != status_patch(parse_status(body.get("status"))):  # type: ignore[arg-type]
+        await asyncio.to_thread(deps.writer.write_status, body, new)

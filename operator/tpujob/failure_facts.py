@@ -1,0 +1,114 @@
+"""From what the operator observed to the facts the diagnosis reads.
+
+Pure. The current attempt's troubled workers become `WorkerFacts`: failed pods with their exit
+status, termination message and log tail; pods being deleted by someone else (eviction,
+preemption); pods whose node is lost, has unhealthy TPUs or is going into maintenance. The
+job's heartbeat becomes `HeartbeatFacts` when it has stalled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from tpujob import diagnosis as dx
+from tpujob.api import UserRule as ApiUserRule
+from tpujob.observed import NodeView, Observed, PodView
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """The attempt's failure as seen: the facts and when it was first visible."""
+
+    facts: dx.JobFacts
+    seen_at: datetime
+    pods: tuple[str, ...]
+    nodes: tuple[str, ...]
+
+
+def node_facts(node: NodeView | None, name: str, tpu_requested: int) -> dx.NodeFacts:
+    if node is None:
+        return dx.NodeFacts(name=name, exists=False, ready="Unknown")
+    return dx.NodeFacts(
+        name=node.name, ready=node.ready, taints=tuple(k for k, _ in node.taints),
+        labels=dict(node.labels), accelerator_unhealthy=node.tpu_unhealthy,
+        tpu_allocatable=node.tpu_allocatable if node.tpu_capacity else None,
+        tpu_requested=tpu_requested or None)
+
+
+def node_in_trouble(node: NodeView | None) -> bool:
+    return node is None or node.lost or node.tpu_degraded or node.under_maintenance
+
+
+def worker_facts(obs: Observed, pod: PodView, *, step: int | None) -> dx.WorkerFacts:
+    chips = obs.job.spec.tpu.chips_per_host
+    node = obs.nodes.get(pod.node) if pod.node else None
+    context = []
+    if pod.deleting_since is not None and not pod.terminal:
+        context.append("the pod is being deleted" + (
+            f" ({pod.disruption_reason})" if pod.disruption_reason else ""))
+    if node is not None and node.tpu_unhealthy_message:
+        context.append(node.tpu_unhealthy_message)
+    return dx.WorkerFacts(
+        worker_index=pod.slice * obs.job.spec.tpu.hosts_per_slice + pod.worker,
+        slice_index=pod.slice, pod_name=pod.name, node_name=pod.node or "",
+        exit_code=pod.exit_code, signal=pod.signal, reason=pod.reason,
+        message=pod.message, log_tail=obs.log_tails.get(pod.name, ""),
+        context="; ".join(context), disruption=pod.disruption_reason,
+        node=node_facts(node, pod.node, chips) if pod.node else None,
+        step=step, finished_at=pod.finished_at or pod.deleting_since)
+
+
+def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: datetime | None,
+                 stall_timeout: float, last_step: int | None) -> Trouble | None:
+    """The failure of `attempt`, or None while it is healthy (or still starting)."""
+    pods = obs.attempt_pods(attempt)
+    troubled: list[PodView] = []
+    for pod in pods:
+        node = obs.nodes.get(pod.node) if pod.node else None
+        deleted = pod.deleting_since is not None and not pod.terminal
+        lost = bool(pod.node) and not pod.terminal and node_in_trouble(node)
+        if pod.failed or deleted or lost:
+            troubled.append(pod)
+    if troubled:
+        workers = tuple(worker_facts(obs, p, step=last_step) for p in troubled)
+        times = [w.finished_at for w in workers if w.finished_at is not None]
+        return Trouble(dx.JobFacts(workers=workers), min(times, default=now),
+                       tuple(p.name for p in troubled),
+                       tuple(sorted({p.node for p in troubled if p.node})))
+    heartbeat = _stalled(obs, pods, now=now, launched_at=launched_at, timeout=stall_timeout)
+    if heartbeat is not None:
+        return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())
+    return None
+
+
+def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
+             launched_at: datetime | None, timeout: float) -> dx.HeartbeatFacts | None:
+    """A heartbeat older than the stall timeout while every worker runs is a hang."""
+    if not pods or launched_at is None or not all(p.running for p in pods):
+        return None
+    beat = obs.heartbeat
+    renewed = beat.renewed if beat is not None else None
+    # Before the attempt's first beat, count from the launch (start-up and compile time).
+    since = max(t for t in (renewed, launched_at) if t is not None)
+    seconds = (now - since).total_seconds()
+    if seconds <= timeout:
+        return None
+    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=timeout,
+                             step=beat.step if beat is not None else None)
+
+
+def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:
+    """The job's spec.recovery.rules in the diagnosis engine's terms."""
+    converted = []
+    for index, rule in enumerate(rules):
+        try:
+            code = dx.FailureCode(rule.code) if rule.code else None
+        except ValueError:
+            code = None
+        converted.append(dx.UserRule(
+            failure_class=dx.FailureClass(str(rule.failure_class)), code=code,
+            exit_codes=tuple(rule.exit_codes or ()), reasons=tuple(rule.reasons or ()),
+            message_regex=rule.message_pattern, name=f"spec.recovery.rules[{index}]"))
+    return tuple(converted)

@@ -1,0 +1,109 @@
+"""Carry out a Plan: write the status once, then create, delete, mark, and tell.
+
+Every verb is idempotent: creating what exists, deleting what is gone, tainting a tainted
+node are no-ops. The status is written with the resourceVersion the plan was made from, so a
+concurrent change shows as a ConflictError and the reconcile is redone on fresh data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes import client
+
+from tpujob import labels
+from tpujob.api import GROUP, PLURAL, VERSION, BadNodeAction
+from tpujob.kube.errors import ConflictError, KubeError, NotFoundError, call
+from tpujob.plan import EventSpec, NodeMark, PodDeletion
+
+EVENT_MESSAGE_LIMIT = 1024
+COMPONENT = "tpujob-operator"
+
+
+class Writer:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Replace the status subresource; ConflictError if the job changed since it was read."""
+        meta = body["metadata"]
+        new = {"apiVersion": body["apiVersion"], "kind": body["kind"],
+               "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                            "resourceVersion": meta["resourceVersion"]},
+               "spec": body.get("spec", {}), "status": status}
+        return dict(call(self.custom.replace_namespaced_custom_object_status, GROUP, VERSION,
+                         meta["namespace"], PLURAL, meta["name"], new))
+
+    def _creator(self, kind: str) -> Callable[[str, dict[str, Any]], Any]:
+        creators: dict[str, Callable[[str, dict[str, Any]], Any]] = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+            "Lease": self.coordination.create_namespaced_lease,
+        }
+        return creators[kind]
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create `obj` unless it exists; True when it was created."""
+        try:
+            call(self._creator(obj["kind"]), obj["metadata"]["namespace"], obj)
+        except ConflictError:
+            return False
+        return True
+
+    def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
+        options = client.V1DeleteOptions(grace_period_seconds=deletion.grace_seconds,
+                                         preconditions=client.V1Preconditions(uid=deletion.uid))
+        # Gone already, or a new pod took the name: nothing to do either way.
+        with contextlib.suppress(NotFoundError, ConflictError):
+            call(self.core.delete_namespaced_pod, deletion.name, namespace, body=options)
+
+    def mark_node(self, mark: NodeMark, job: str) -> None:
+        if mark.action is BadNodeAction.NONE:
+            return
+        node = call(self.core.read_node, mark.node)
+        patch: dict[str, Any] = {"metadata": {"annotations": {labels.BAD_NODE_REASON:
+                                                              mark.reason[:256]}}}
+        if mark.action is BadNodeAction.CORDON:
+            patch["spec"] = {"unschedulable": True}
+        else:
+            taints = [t.to_dict() for t in node.spec.taints or []]
+            taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
+            if any(t.get("key") == labels.BAD_NODE_TAINT for t in taints):
+                return
+            taints.append({"key": labels.BAD_NODE_TAINT, "value": job[:63],
+                           "effect": "NoSchedule"})
+            patch["spec"] = {"taints": taints}
+        with contextlib.suppress(NotFoundError):
+            call(self.core.patch_node, mark.node, patch)
+
+    def event(self, body: Mapping[str, Any], spec: EventSpec) -> None:
+        meta = body["metadata"]
+        now = dt.datetime.now(dt.UTC)
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta.get("uid")},
+            "type": spec.type, "reason": spec.reason,
+            "message": spec.message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        # An Event is best effort; the status already holds the facts.
+        with contextlib.suppress(KubeError):
+            call(self.core.create_namespaced_event, meta["namespace"], event)
+
+    def delete_job(self, body: Mapping[str, Any]) -> None:
+        meta = body["metadata"]
+        with contextlib.suppress(NotFoundError):
+            call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, meta["namespace"],
+                 PLURAL, meta["name"])

@@ -1,0 +1,38 @@
+"""Label, annotation and taint names the operator puts on the objects it creates or marks."""
+
+from __future__ import annotations
+
+from tpujob.api.constants import GROUP
+
+JOB = f"{GROUP}/job"
+ATTEMPT = f"{GROUP}/attempt"
+SLICE = f"{GROUP}/slice"
+WORKER = f"{GROUP}/worker"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "tpujob-operator"
+
+# The taint put on a node blamed for a hard failure (spec.recovery.badNodeAction: taint).
+BAD_NODE_TAINT = f"{GROUP}/unhealthy"
+# Node annotation naming the job that blamed the node and why.
+BAD_NODE_REASON = f"{GROUP}/unhealthy-reason"
+
+NODEPOOL = "cloud.google.com/gke-nodepool"
+ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+HOSTNAME = "kubernetes.io/hostname"
+TPU_RESOURCE = "google.com/tpu"
+
+# Node state the diagnosis and the placement read.
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+MAINTENANCE_TAINTS = ("cloud.google.com/impending-node-termination",
+                      "cloud.google.com/maintenance-window-started")
+MAINTENANCE_LABELS = {"cloud.google.com/active-node-maintenance": "ONGOING",
+                      "cloud.google.com/perform-maintenance": "true"}
+# The node condition the TPU device plugin (and the local cluster) sets on failed chips.
+TPU_UNHEALTHY_CONDITION = "TPUUnhealthy"
+
+# Ports of the trainer processes.
+JAX_COORDINATOR_PORT = 8476
+MEGASCALE_PORT = 8081

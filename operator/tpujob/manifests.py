@@ -1,0 +1,202 @@
+"""The child objects of a job, as data: trainer pods, the headless Service, the heartbeat Lease
+and the RBAC that lets the trainer renew only that Lease.
+
+Pure. Pods are created directly (not through a Job or JobSet): the operator restarts a whole
+gang at once, picks the node pool of each slice per attempt, keeps pods off nodes the job
+blamed, and force-deletes pods stuck on lost nodes, none of which a Job controller offers.
+Pod names carry the attempt, so pods of two attempts never share a name or a DNS name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpujob import contract, labels
+from tpujob.api import TPUTrainingJob
+
+DEFAULT_GRACE_SECONDS = 30
+BASE_COLLECTIVE_TIMEOUT_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    """What changes between attempts: the number, the pools, the blamed nodes, the timeouts."""
+
+    attempt: int
+    pools: Mapping[int, str]  # slice index -> node pool
+    bad_nodes: frozenset[str] = frozenset()
+    collective_timeout_seconds: int = BASE_COLLECTIVE_TIMEOUT_SECONDS
+
+
+def owner_reference(job: TPUTrainingJob) -> dict[str, Any]:
+    return {"apiVersion": job.api_version, "kind": job.kind, "name": job.name,
+            "uid": job.metadata.get("uid", ""), "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(job: TPUTrainingJob, name: str, extra: Mapping[str, str] | None = None,
+          ) -> dict[str, Any]:
+    return {"name": name, "namespace": job.namespace,
+            "labels": {labels.JOB: job.name, labels.MANAGED_BY: labels.MANAGER, **(extra or {})},
+            "ownerReferences": [owner_reference(job)]}
+
+
+def pod_name(job: str, attempt: int, slice_index: int, worker: int) -> str:
+    return f"{job}-{attempt}-{slice_index}-{worker}"
+
+
+def service_name(job: TPUTrainingJob) -> str:
+    return job.name
+
+
+def lease_name(job: TPUTrainingJob) -> str:
+    return f"{job.name}-heartbeat"
+
+
+def trainer_service_account(job: TPUTrainingJob) -> str:
+    return job.spec.trainer.service_account_name or f"{job.name}-trainer"
+
+
+def host_fqdn(job: TPUTrainingJob, attempt: int, slice_index: int, worker: int) -> str:
+    return (f"{pod_name(job.name, attempt, slice_index, worker)}.{service_name(job)}."
+            f"{job.namespace}.svc.cluster.local")
+
+
+def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int,
+                worker: int) -> list[dict[str, Any]]:
+    """The env GKE and the operator give a worker: TPU, multislice, JAX and tpujob variables."""
+    tpu = job.spec.tpu
+    hosts = tpu.hosts_per_slice
+    attempt = settings.attempt
+    hostnames = ",".join(host_fqdn(job, attempt, slice_index, w) for w in range(hosts))
+    coordinator = host_fqdn(job, attempt, 0, 0)
+    checkpoint = job.spec.checkpoint
+    values: dict[str, str] = {
+        "TPU_WORKER_ID": str(worker),
+        "TPU_WORKER_HOSTNAMES": hostnames,
+        "TPU_TOPOLOGY": tpu.topology,
+        "TPU_ACCELERATOR_TYPE": tpu.shape.tpu_type,
+        "TPU_SKIP_MDS_QUERY": "true",
+        "MEGASCALE_NUM_SLICES": str(tpu.slices),
+        "MEGASCALE_SLICE_ID": str(slice_index),
+        "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator}:{labels.MEGASCALE_PORT}",
+        "MEGASCALE_PORT": str(labels.MEGASCALE_PORT),
+        "JAX_COORDINATOR_ADDRESS": f"{coordinator}:{labels.JAX_COORDINATOR_PORT}",
+        "JAX_NUM_PROCESSES": str(tpu.total_hosts),
+        "JAX_PROCESS_ID": str(slice_index * hosts + worker),
+        contract.ENV_JOB_NAME: job.name,
+        contract.ENV_NAMESPACE: job.namespace,
+        contract.ENV_ATTEMPT: str(attempt),
+        contract.ENV_HEARTBEAT_LEASE: lease_name(job),
+        contract.ENV_ALLOW_CPU_FALLBACK: str(job.spec.trainer.allow_cpu_fallback).lower(),
+        contract.ENV_EXPECT_TPU_CHIPS: str(tpu.chips_per_host),
+        contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),
+    }
+    if checkpoint is not None:
+        values[contract.ENV_CHECKPOINT_DIR] = checkpoint.directory
+        values[contract.ENV_CHECKPOINT_INTERVAL] = str(checkpoint.interval_steps)
+        values[contract.ENV_CHECKPOINT_KEEP] = str(checkpoint.keep)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    for var in job.spec.trainer.env:
+        item = var.model_dump(by_alias=True, exclude_none=True)
+        env = [e for e in env if e["name"] != item["name"]] + [item]
+    return env
+
+
+def _affinity(bad_nodes: frozenset[str]) -> dict[str, Any] | None:
+    if not bad_nodes:
+        return None
+    term = {"matchExpressions": [{"key": labels.HOSTNAME, "operator": "NotIn",
+                                  "values": sorted(bad_nodes)}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}
+
+
+def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int,
+                worker: int) -> dict[str, Any]:
+    tpu, trainer = job.spec.tpu, job.spec.trainer
+    name = pod_name(job.name, settings.attempt, slice_index, worker)
+    resources: dict[str, Any] = {}
+    if tpu.chips_per_host:
+        resources["limits"] = {labels.TPU_RESOURCE: str(tpu.chips_per_host)}
+    if trainer.resources is not None:
+        requests = trainer.resources.model_dump(by_alias=True, exclude_none=True)
+        if requests:
+            resources["requests"] = {k: str(v) for k, v in requests.items()}
+    container: dict[str, Any] = {
+        "name": "trainer", "image": trainer.image,
+        "env": trainer_env(job, settings, slice_index, worker),
+        "resources": resources,
+        "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "ports": [{"name": "coordinator", "containerPort": labels.JAX_COORDINATOR_PORT}],
+    }
+    if trainer.command:
+        container["command"] = list(trainer.command)
+    if trainer.args:
+        container["args"] = list(trainer.args)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name, "subdomain": service_name(job),
+        "serviceAccountName": trainer_service_account(job),
+        "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
+        "nodeSelector": {labels.ACCELERATOR: tpu.accelerator, labels.TOPOLOGY: tpu.topology},
+        "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists",
+                         "effect": "NoSchedule"}],
+        "containers": [container],
+    }
+    if pool := settings.pools.get(slice_index):
+        spec["nodeSelector"][labels.NODEPOOL] = pool
+    if affinity := _affinity(settings.bad_nodes):
+        spec["affinity"] = affinity
+    volume = job.spec.checkpoint.volume if job.spec.checkpoint else None
+    if volume is not None:
+        source: dict[str, Any] = (
+            {"persistentVolumeClaim": {"claimName": volume.claim_name}} if volume.claim_name
+            else {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}})
+        spec["volumes"] = [{"name": "checkpoints", **source}]
+        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": volume.mount_path}]
+    extra = {labels.ATTEMPT: str(settings.attempt), labels.SLICE: str(slice_index),
+             labels.WORKER: str(worker)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
+
+
+def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[str, Any]]:
+    tpu = job.spec.tpu
+    return [trainer_pod(job, settings, s, w)
+            for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)]
+
+
+def headless_service(job: TPUTrainingJob) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, service_name(job)),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {labels.JOB: job.name},
+                     "ports": [{"name": "coordinator", "port": labels.JAX_COORDINATOR_PORT}]}}
+
+
+def heartbeat_lease(job: TPUTrainingJob) -> dict[str, Any]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": _meta(job, lease_name(job)),
+            "spec": {"holderIdentity": f"{job.name}-worker-0"}}
+
+
+def heartbeat_rbac(job: TPUTrainingJob) -> list[dict[str, Any]]:
+    """ServiceAccount (unless the user named one), Role and RoleBinding for the heartbeat only."""
+    account = trainer_service_account(job)
+    role = f"{job.name}-heartbeat"
+    objects: list[dict[str, Any]] = []
+    if job.spec.trainer.service_account_name is None:
+        objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": _meta(job, account)})
+    objects.append({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": _meta(job, role),
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                   "resourceNames": [lease_name(job)], "verbs": ["get", "update", "patch"]}]})
+    objects.append({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(job, role),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}]})
+    return objects

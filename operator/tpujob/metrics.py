@@ -1,0 +1,62 @@
+"""Prometheus metrics of the operator, on a registry of its own, with `record_*` helpers.
+
+No logic: the controller calls these after a status write succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tpujob.api import Phase
+
+RECOVERY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.jobs = Gauge("tpujob_jobs", "Jobs by phase.", ["phase"], registry=r)
+        self.failures = Counter("tpujob_failures", "Diagnosed failures by class and code.",
+                                ["class", "code"], registry=r)
+        self.restarts = Counter("tpujob_restarts", "Restarts by failure class.", ["class"],
+                                registry=r)
+        self.recovery = Histogram("tpujob_recovery_duration_seconds",
+                                  "From a failure seen to training resumed.",
+                                  buckets=RECOVERY_BUCKETS, registry=r)
+        self.goodput = Gauge("tpujob_goodput_ratio", "Productive training time over wall time.",
+                             ["namespace", "job"], registry=r)
+        self.budget_left = Gauge("tpujob_failed_node_budget_remaining",
+                                 "Nodes that may still fail before the job fails.",
+                                 ["namespace", "job"], registry=r)
+        self._phases: dict[tuple[str, str], str] = {}
+
+    def record_job(self, namespace: str, job: str, phase: Phase | None,
+                   goodput: float | None, budget_left: int | None) -> None:
+        self._phases[(namespace, job)] = str(phase or Phase.PENDING)
+        for p in Phase:
+            self.jobs.labels(phase=str(p)).set(
+                sum(1 for v in self._phases.values() if v == str(p)))
+        if goodput is not None:
+            self.goodput.labels(namespace=namespace, job=job).set(goodput)
+        if budget_left is not None:
+            self.budget_left.labels(namespace=namespace, job=job).set(budget_left)
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        self._phases.pop((namespace, job), None)
+        for gauge in (self.goodput, self.budget_left):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, job)
+
+    def record_failure(self, failure_class: str, code: str, restarted: bool) -> None:
+        self.failures.labels(**{"class": failure_class, "code": code}).inc()
+        if restarted:
+            self.restarts.labels(**{"class": failure_class}).inc()
+
+    def record_recovery(self, seconds: float) -> None:
+        self.recovery.observe(seconds)

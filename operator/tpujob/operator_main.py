@@ -1,0 +1,62 @@
+"""`tpujob operator`: run the operator (kopf) with its metrics endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from tpujob.plan import PlannerSettings
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("operator", help="run the TPUTrainingJob operator")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--all-namespaces", action="store_true", default=True,
+                       help="watch jobs in every namespace (default)")
+    scope.add_argument("--namespace", action="append", default=[],
+                       help="watch only this namespace (repeatable)")
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--metrics-port", type=int, default=9090, help="0 disables metrics")
+    p.add_argument("--liveness-port", type=int, default=8080, help="0 disables /healthz")
+    p.add_argument("--peering", default=None,
+                   help="kopf peering name for leader election between replicas; "
+                        "without it the operator runs standalone")
+    p.add_argument("--force-delete-after", type=float, default=10.0,
+                   help="seconds before a pod stuck terminating on a lost node is "
+                        "force-deleted")
+    p.add_argument("--restart-grace", type=int, default=5,
+                   help="grace seconds for pods deleted by a restart (maintenance and "
+                        "preemption restarts give the pod's full grace period)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from tpujob import handlers
+    from tpujob.controller import Deps
+    from tpujob.kube.apply import Writer
+    from tpujob.kube.client import api_client
+    from tpujob.kube.observe import Reader
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = api_client(args.kubeconfig)
+    deps = Deps(reader=Reader(api), writer=Writer(api), settings=PlannerSettings(
+        force_delete_after_seconds=args.force_delete_after,
+        restart_grace_seconds=args.restart_grace))
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=deps.metrics.registry)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    namespaces = tuple(args.namespace)
+    asyncio.run(kopf.operator(
+        registry=registry, memo=deps, clusterwide=not namespaces, namespaces=namespaces,
+        standalone=args.peering is None, peering_name=args.peering,
+        liveness_endpoint=(f"http://0.0.0.0:{args.liveness_port}/healthz"
+                           if args.liveness_port else None)))
+    return 0

@@ -1,0 +1,108 @@
+"""The result of planning one reconcile: the new status and the effects that follow it.
+
+Values only. The controller writes `status` first (one write), then carries out the effects in
+the order the fields are listed, then emits the Events; a decision is therefore on record
+before anything acts on it, and an operator restarted in between finishes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tpujob import diagnosis as dx
+from tpujob.api import (
+    BadNodeAction,
+    Condition,
+    ConditionStatus,
+    TimelineEvent,
+    TPUTrainingJobStatus,
+)
+from tpujob.api import constants as c
+
+
+@dataclass(frozen=True)
+class PodDeletion:
+    name: str
+    uid: str
+    grace_seconds: int | None  # None: the pod's own terminationGracePeriodSeconds
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    node: str
+    action: BadNodeAction
+    reason: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """Operator-wide knobs of the planner (command-line flags of `tpujob operator`)."""
+
+    force_delete_after_seconds: float = 10.0
+    restart_grace_seconds: int = 5
+    unknown_retry_limit: int = dx.DEFAULT_UNKNOWN_RETRY_LIMIT
+    poll_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: TPUTrainingJobStatus
+    create: tuple[dict[str, Any], ...] = ()
+    delete_pods: tuple[PodDeletion, ...] = ()
+    mark_nodes: tuple[NodeMark, ...] = ()
+    events: tuple[EventSpec, ...] = ()
+    requeue_after: float = 5.0
+    delete_job: bool = False
+    diagnosis: dx.Diagnosis | None = None
+    recovery_seconds: float | None = None  # failure seen -> training resumed, when it resumed
+
+
+@dataclass
+class Draft:
+    """A plan being built: a status copy plus effects. Lives for one `plan()` call only."""
+
+    status: TPUTrainingJobStatus
+    now: datetime
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete_pods: list[PodDeletion] = field(default_factory=list)
+    mark_nodes: list[NodeMark] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
+    requeue_after: float = 5.0
+    delete_job: bool = False
+    diagnosis: dx.Diagnosis | None = None
+    recovery_seconds: float | None = None
+
+    def update(self, **changes: Any) -> None:
+        self.status = self.status.model_copy(update=changes)
+
+    def timeline(self, kind: str, message: str, at: datetime | None = None) -> None:
+        self.status = self.status.with_event(
+            TimelineEvent(time=at or self.now, kind=kind, message=message[:c.MAX_MESSAGE_LENGTH]))
+
+    def condition(self, kind: str, value: bool, reason: str, message: str = "") -> None:
+        self.status = self.status.with_condition(Condition(
+            type=kind, status=ConditionStatus.TRUE if value else ConditionStatus.FALSE,
+            reason=reason, message=message[:c.MAX_MESSAGE_LENGTH] or None,
+            last_transition_time=self.now))
+
+    def event(self, kind: str, reason: str, message: str) -> None:
+        self.events.append(EventSpec(kind, reason, message))
+
+    def requeue(self, seconds: float) -> None:
+        self.requeue_after = min(self.requeue_after, max(0.1, seconds))
+
+    def done(self) -> Plan:
+        return Plan(status=self.status, create=tuple(self.create),
+                    delete_pods=tuple(self.delete_pods), mark_nodes=tuple(self.mark_nodes),
+                    events=tuple(self.events), requeue_after=self.requeue_after,
+                    delete_job=self.delete_job, diagnosis=self.diagnosis,
+                    recovery_seconds=self.recovery_seconds)

@@ -1,0 +1,150 @@
+"""Planning after a failure: diagnose it, decide, and plan the next attempt or the end.
+
+Pure; called by `tpujob.planning` when the current attempt is in trouble.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tpujob import diagnosis as dx
+from tpujob.api import ConditionType, FailedNode, LastFailure, Phase
+from tpujob.api import constants as c
+from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus, FailureRecord
+from tpujob.failure_facts import Trouble, node_in_trouble, user_rules
+from tpujob.observed import Observed
+from tpujob.placement import place_slices
+from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
+from tpujob.recovery import Broken, FailJob, Restart, decide
+
+
+def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis) -> Broken:
+    pods = {p.name: p for p in obs.attempt_pods(obs.job.status.attempt)}
+    lost, moving, slices = [], [], set()
+    for pod in pods.values():
+        node = obs.nodes.get(pod.node) if pod.node else None
+        if pod.node is None or not node_in_trouble(node):
+            continue
+        slices.add(pod.slice)
+        if node is None or node.lost or node.tpu_degraded:
+            lost.append(pod.node)
+        else:
+            moving.append(pod.node)
+    root = next((w for w in trouble.facts.workers
+                 if d.root_worker is not None and w.worker_index == d.root_worker), None)
+    return Broken(lost_nodes=tuple(sorted(set(lost))), moving_nodes=tuple(sorted(set(moving))),
+                  slices=frozenset(slices), root_node=root.node_name if root else None,
+                  root_slice=root.slice_index if root else None)
+
+
+def _last_failure(d: dx.Diagnosis, trouble: Trouble, action: str) -> LastFailure:
+    root = next((w for w in trouble.facts.workers if w.worker_index == d.root_worker), None)
+    if root is None and trouble.facts.workers:
+        root = trouble.facts.workers[0]
+    return LastFailure.model_validate({
+        "class": str(d.failure_class), "code": str(d.code), "summary": d.summary[:4000],
+        "chain": [str(link)[:1000] for link in d.chain][: c.MAX_CHAIN],
+        "evidence": [str(e)[:1000] for e in d.evidence][: c.MAX_EVIDENCE],
+        "advice": d.advice or None, "pod": root.pod_name if root else None,
+        "node": (root.node_name or None) if root else None, "time": trouble.seen_at,
+        "action": action[:256]})
+
+
+def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
+                   settings: PlannerSettings) -> None:
+    job = obs.job
+    status = job.status
+    history = [dx.PriorFailure(r.signature, r.code, r.step, r.node or "")
+               for r in status.failure_history]
+    d = dx.diagnose_job(trouble.facts, user_rules=user_rules(job.spec.recovery.rules),
+                        history=history, unknown_retry_limit=settings.unknown_retry_limit)
+    broken = broken_by(obs, trouble, d)
+    decision = decide(d, job, broken)
+    draft.diagnosis = d
+    record = FailureRecord(signature=d.signature[:256], code=str(d.code), step=d.step,
+                           node=broken.root_node)
+    draft.update(failure_history=(*status.failure_history, record)[-FAILURE_HISTORY_LIMIT:])
+    draft.timeline("FailureSeen", f"attempt {status.attempt}: pods {', '.join(trouble.pods)}",
+                   at=trouble.seen_at)
+    draft.timeline("Diagnosed", d.headline)
+    draft.event("Warning", "FailureDiagnosed",
+                d.headline + (f" Advice: {d.advice}" if d.advice else ""))
+    for pod in obs.attempt_pods(status.attempt):
+        if not pod.terminal and pod.deleting_since is None:
+            grace = None if isinstance(decision, Restart) and decision.graceful \
+                else settings.restart_grace_seconds
+            draft.delete_pods.append(PodDeletion(pod.name, pod.uid, grace))
+    if isinstance(decision, FailJob):
+        _fail(draft, d, trouble, decision)
+    else:
+        _restart(obs, draft, d, trouble, decision)
+
+
+def _fail(draft: Draft, d: dx.Diagnosis, trouble: Trouble, decision: FailJob) -> None:
+    draft.update(phase=Phase.FAILED, completion_time=draft.now,
+                 last_failure=_last_failure(d, trouble, "failed the job"))
+    draft.condition(ConditionType.FAILED, True, decision.reason, decision.message)
+    draft.condition(ConditionType.RUNNING, False, decision.reason)
+    draft.condition(ConditionType.RECOVERING, False, decision.reason)
+    draft.timeline("Failed", decision.message)
+    draft.event("Warning", decision.reason, decision.message)
+
+
+def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
+             decision: Restart) -> None:
+    job, now = obs.job, draft.now
+    status = job.status
+    failed = list(status.failed_nodes)
+    known = {n.name for n in failed}
+    failed += [FailedNode(name=n, time=now, code=str(d.code))
+               for n in decision.blame_nodes if n not in known]
+    bad = frozenset(n.name for n in failed)
+    keep = {p.slice: p.node_pool for p in status.current_attempt.placement
+            if p.slice not in decision.move_slices}
+    tpu = job.spec.tpu
+    pools = place_slices(slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice,
+                         accelerator=tpu.accelerator, topology=tpu.topology,
+                         nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
+                         busy_pools=obs.busy_pools)
+    from tpujob.planning import placement
+
+    attempt = status.attempt + 1
+    not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
+        else None
+    action = _describe(decision, pools, attempt)
+    budget = job.spec.max_failed_nodes_count()
+    draft.update(
+        attempt=attempt, phase=Phase.RECOVERING,
+        restarts=status.restarts.incremented(decision.failure_class),
+        failed_nodes=tuple(failed)[-c.MAX_FAILED_NODES_RECORDED:],
+        failed_node_budget=budget, failed_node_budget_left=max(0, budget - len(failed)),
+        last_failure=_last_failure(d, trouble, action),
+        current_attempt=AttemptStatus(
+            placement=placement(pools), not_before=not_before,
+            collective_timeout_seconds=decision.collective_timeout_seconds,
+            graceful=decision.graceful, recovering_since=trouble.seen_at))
+    for node in decision.blame_nodes:
+        draft.mark_nodes.append(NodeMark(node, job.spec.recovery.bad_node_action,
+                                         f"{job.namespace}/{job.name}: {d.code}"))
+    draft.condition(ConditionType.RECOVERING, True, str(d.code), action)
+    draft.condition(ConditionType.RUNNING, False, "Recovering", d.headline)
+    draft.timeline("Restarting", f"{d.tag} {action}")
+    draft.event("Normal", "Restarting", f"{d.tag} {action}")
+    draft.requeue(decision.delay_seconds or 0.5)
+
+
+def _describe(decision: Restart, pools: dict[int, str], attempt: int) -> str:
+    parts = [f"attempt {attempt}"]
+    if decision.delay_seconds:
+        parts.append(f"after {decision.delay_seconds}s backoff")
+    if decision.failure_class.value == "medium":
+        parts.append(f"collective timeout {decision.collective_timeout_seconds}s")
+    if decision.blame_nodes:
+        parts.append(f"node {', '.join(decision.blame_nodes)} marked bad")
+    if decision.move_slices:
+        moved = ", ".join(f"slice {s} -> {pools.get(s, 'no healthy pool yet')}"
+                          for s in sorted(decision.move_slices))
+        parts.append(moved)
+    if decision.graceful:
+        parts.append("old pods given their grace period to save")
+    return "; ".join(parts)

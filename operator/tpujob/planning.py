@@ -1,0 +1,244 @@
+"""plan(observed, now) -> Plan: the whole reconcile decision for one job, as a pure function.
+
+The job's life: a new job gets attempt 1 with a pool per slice; an attempt is launched (its
+pods created) once its backoff has passed and the previous attempt's pods have gone; a launched
+attempt is watched for success, failure and hangs; a failure is diagnosed and either fails the
+job or plans the next attempt (see `tpujob.recovery`). Reads no clock and does no I/O.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from tpujob import manifests
+from tpujob.api import ConditionType, Phase, Progress, TPUTrainingJob
+from tpujob.api.attempt import AttemptStatus, SlicePlacement
+from tpujob.failure_facts import find_trouble
+from tpujob.observed import Observed, PodView
+from tpujob.placement import place_slices
+from tpujob.plan import Draft, Plan, PlannerSettings, PodDeletion
+from tpujob.plan_failure import handle_failure
+
+TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
+
+
+DEFAULT_SETTINGS = PlannerSettings()
+
+
+def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SETTINGS) -> Plan:
+    job = obs.job
+    draft = Draft(status=job.status, now=now, requeue_after=settings.poll_seconds)
+    draft.update(observed_generation=job.metadata.get("generation"))
+    draft.condition(ConditionType.SPEC_VALID, True, "Valid")
+    if job.status.phase in TERMINAL:
+        _finished(obs, draft, settings)
+    elif job.spec.suspend:
+        _suspend(obs, draft)
+    elif job.status.attempt == 0 or job.status.phase is Phase.SUSPENDED:
+        _new_attempt_after_start_or_resume(obs, draft)
+    else:
+        _reconcile_attempt(obs, draft, settings)
+    return draft.done()
+
+
+def bad_nodes(job: TPUTrainingJob) -> frozenset[str]:
+    return frozenset(n.name for n in job.status.failed_nodes)
+
+
+def pools_of(status_attempt: AttemptStatus) -> dict[int, str]:
+    return {p.slice: p.node_pool for p in status_attempt.placement}
+
+
+def placement(pools: dict[int, str]) -> tuple[SlicePlacement, ...]:
+    return tuple(SlicePlacement(slice=s, node_pool=p) for s, p in sorted(pools.items()))
+
+
+def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str]) -> dict[int, str]:
+    tpu = obs.job.spec.tpu
+    return place_slices(slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice,
+                        accelerator=tpu.accelerator, topology=tpu.topology,
+                        nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
+                        busy_pools=obs.busy_pools)
+
+
+def _new_attempt_after_start_or_resume(obs: Observed, draft: Draft) -> None:
+    job, now = obs.job, draft.now
+    resuming = job.status.phase is Phase.SUSPENDED
+    pools = choose_pools(obs, pools_of(job.status.current_attempt) if resuming else {},
+                         bad_nodes(job))
+    attempt = job.status.attempt + 1
+    draft.update(attempt=attempt, phase=Phase.STARTING,
+                 start_time=job.status.start_time or now,
+                 failed_node_budget=job.spec.max_failed_nodes_count(),
+                 failed_node_budget_left=job.spec.max_failed_nodes_count()
+                 - len(job.status.failed_nodes),
+                 current_attempt=AttemptStatus(
+                     placement=placement(pools),
+                     collective_timeout_seconds=job.status.current_attempt
+                     .collective_timeout_seconds))
+    draft.condition(ConditionType.SUSPENDED, False, "Resumed" if resuming else "NotSuspended")
+    draft.timeline("Resumed" if resuming else "Started", f"attempt {attempt} planned")
+    draft.requeue(0.1)
+
+
+def _suspend(obs: Observed, draft: Draft) -> None:
+    for pod in obs.pods:
+        if not pod.terminal and pod.deleting_since is None:
+            draft.delete_pods.append(PodDeletion(pod.name, pod.uid, None))
+    if obs.job.status.phase is not Phase.SUSPENDED:
+        draft.update(phase=Phase.SUSPENDED, current_attempt=AttemptStatus(
+            placement=obs.job.status.current_attempt.placement))
+        draft.condition(ConditionType.SUSPENDED, True, "Suspended", "spec.suspend is true")
+        draft.condition(ConditionType.RUNNING, False, "Suspended")
+        draft.timeline("Suspended", "pods stopped; the status is kept")
+        draft.event("Normal", "Suspended", "spec.suspend is true: pods stopped")
+
+
+def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
+    for pod in obs.pods:
+        if not pod.terminal and pod.deleting_since is None:
+            draft.delete_pods.append(PodDeletion(pod.name, pod.uid,
+                                                 settings.restart_grace_seconds))
+    ttl = obs.job.spec.ttl_seconds_after_finished
+    done = obs.job.status.completion_time
+    if ttl is not None and done is not None:
+        left = (done + timedelta(seconds=ttl) - draft.now).total_seconds()
+        if left <= 0:
+            draft.delete_job = True
+        else:
+            draft.requeue(left)
+    else:
+        draft.requeue(60)
+
+
+def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> list[PodView]:
+    """Delete pods of other attempts; returns those the next attempt must wait for."""
+    attempt = obs.job.status.attempt
+    graceful = obs.job.status.current_attempt.graceful
+    blocking = []
+    for pod in obs.pods:
+        if pod.attempt == attempt:
+            continue
+        node = obs.nodes.get(pod.node) if pod.node else None
+        node_gone = pod.node is not None and (node is None or node.lost)
+        if pod.deleting_since is None:
+            grace = None if graceful and not pod.terminal else settings.restart_grace_seconds
+            draft.delete_pods.append(PodDeletion(pod.name, pod.uid, 0 if pod.terminal else grace))
+        elif (draft.now - pod.deleting_since).total_seconds() > (
+                settings.force_delete_after_seconds if node_gone
+                else settings.force_delete_after_seconds + manifests.DEFAULT_GRACE_SECONDS):
+            # Stuck Terminating: its kubelet is gone (or never answers). Free the name and
+            # the chips instead of waiting for pod garbage collection.
+            draft.delete_pods.append(PodDeletion(pod.name, pod.uid, 0))
+            draft.timeline("ForceDeleted", f"pod {pod.name} was stuck terminating on "
+                                           f"{pod.node or 'no node'}")
+        if not pod.terminal and not node_gone:
+            blocking.append(pod)
+    return blocking
+
+
+def _launch(obs: Observed, draft: Draft, blocking: list[PodView]) -> None:
+    job, now = obs.job, draft.now
+    current = job.status.current_attempt
+    if current.not_before is not None and now < current.not_before:
+        draft.requeue((current.not_before - now).total_seconds())
+        return
+    if blocking:
+        draft.requeue(1.0)
+        return
+    bad = bad_nodes(job)
+    pools = choose_pools(obs, pools_of(current), bad)
+    settings = manifests.AttemptSettings(
+        attempt=job.status.attempt, pools=pools, bad_nodes=bad,
+        collective_timeout_seconds=current.collective_timeout_seconds
+        or manifests.BASE_COLLECTIVE_TIMEOUT_SECONDS)
+    draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
+                     *manifests.heartbeat_rbac(job), *manifests.attempt_pods(job, settings)]
+    draft.update(current_attempt=current.model_copy(update={
+        "launched_time": now, "placement": placement(pools)}))
+    where = ", ".join(f"slice {s} on {p}" for s, p in sorted(pools.items())) or "any pool"
+    draft.timeline("PodsCreated", f"attempt {job.status.attempt}: {where}")
+    draft.requeue(1.0)
+
+
+def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
+    job, now = obs.job, draft.now
+    blocking = _clean_up_stale(obs, draft, settings)
+    current = job.status.current_attempt
+    if current.launched_time is None:
+        _launch(obs, draft, blocking)
+        return
+    _record_progress(obs, draft)
+    pods = obs.attempt_pods(job.status.attempt)
+    expected = manifests.attempt_pods(job, manifests.AttemptSettings(
+        attempt=job.status.attempt, pools=pools_of(current)))
+    present = {p.name for p in pods}
+    missing = [m for m in expected if m["metadata"]["name"] not in present]
+    if not missing and all(p.phase == "Succeeded" for p in pods):
+        _succeeded(draft)
+        return
+    trouble = find_trouble(obs, job.status.attempt, now=now, launched_at=current.launched_time,
+                           stall_timeout=job.spec.recovery.stall_timeout_seconds,
+                           last_step=job.status.progress.step if job.status.progress else None)
+    if trouble is not None:
+        handle_failure(obs, draft, trouble, settings)
+        return
+    if missing:  # created by a reconcile that did not finish, or removed by someone
+        draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
+                         *manifests.heartbeat_rbac(job), *missing]
+    _watch_health(obs, draft, pods, expected_count=len(expected))
+
+
+def _record_progress(obs: Observed, draft: Draft) -> None:
+    beat, job = obs.heartbeat, obs.job
+    if beat is None or beat.step is None:
+        return
+    total = beat.total_steps or job.spec.trainer.total_steps
+    draft.update(progress=Progress(step=beat.step, total_steps=total,
+                                   steps_per_second=beat.steps_per_second))
+    if beat.checkpoint_step is not None:
+        draft.update(checkpoint_step=beat.checkpoint_step)
+    start = job.status.start_time
+    if start is not None and beat.steps_per_second and beat.steps_per_second > 0:
+        elapsed = (draft.now - start).total_seconds()
+        if elapsed > 0:
+            productive = beat.step / beat.steps_per_second
+            draft.update(goodput=round(min(1.0, productive / elapsed), 4))
+
+
+def _watch_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...],
+                  expected_count: int) -> None:
+    job, now = obs.job, draft.now
+    current = draft.status.current_attempt
+    beat = obs.heartbeat
+    resumed = beat is not None and beat.attempt == job.status.attempt and beat.step is not None
+    if resumed and current.resumed_step is None and beat is not None:
+        draft.update(current_attempt=current.model_copy(update={
+            "resumed_step": beat.step, "recovering_since": None}))
+        if current.recovering_since is not None:
+            seconds = (now - current.recovering_since).total_seconds()
+            draft.recovery_seconds = seconds
+            draft.timeline("Resumed", f"attempt {job.status.attempt} trains from step "
+                                      f"{beat.step} ({seconds:.1f}s after the failure)")
+            draft.event("Normal", "Resumed", f"training resumed at step {beat.step} "
+                                             f"after {seconds:.1f}s")
+    all_running = len(pods) == expected_count and all(p.running for p in pods)
+    if all_running and draft.status.phase is not Phase.RUNNING:
+        draft.update(phase=Phase.RUNNING)
+        draft.condition(ConditionType.RUNNING, True, "AllWorkersRunning",
+                        f"{expected_count} workers running")
+        draft.condition(ConditionType.RECOVERING, False, "Running")
+    stuck = [p for p in pods if p.unschedulable_message]
+    if stuck:
+        draft.condition(ConditionType.RUNNING, False, "Unschedulable",
+                        f"pod {stuck[0].name}: {stuck[0].unschedulable_message}")
+    draft.requeue(job.spec.recovery.stall_timeout_seconds / 4)
+
+
+def _succeeded(draft: Draft) -> None:
+    draft.update(phase=Phase.SUCCEEDED, completion_time=draft.now)
+    draft.condition(ConditionType.SUCCEEDED, True, "AllWorkersSucceeded", "training finished")
+    draft.condition(ConditionType.RUNNING, False, "Finished")
+    draft.condition(ConditionType.RECOVERING, False, "Finished")
+    draft.timeline("Succeeded", "every worker exited 0")
+    draft.event("Normal", "Succeeded", "training finished")

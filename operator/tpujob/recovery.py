@@ -1,0 +1,146 @@
+"""What to do about a diagnosed failure: the recovery policy as a pure function.
+
+`decide` maps (diagnosis, the job's spec and status, what is broken) to a `Decision`: fail
+the job (fatal, recovery off, a budget spent) or start the next attempt, with the class's
+adjustments. The checks run in a fixed order, first match wins, and the restart itself is the
+one named default: fatal -> autoRecovery off -> class budget -> failed-node budget -> restart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpujob import diagnosis as dx
+from tpujob.api import FailureClass, TPUTrainingJob
+from tpujob.manifests import BASE_COLLECTIVE_TIMEOUT_SECONDS
+
+# Codes of the hard class that do not mean the node is broken: the node is taken away (a
+# maintenance event, a preemption), so the slice moves but the node is not blamed.
+NOT_THE_NODES_FAULT = frozenset({dx.FailureCode.MAINTENANCE, dx.FailureCode.PREEMPTED,
+                                 dx.FailureCode.EVICTED})
+# Codes after which the old pods get their full grace period so the trainer can save.
+GRACEFUL_CODES = frozenset({dx.FailureCode.MAINTENANCE, dx.FailureCode.PREEMPTED,
+                            dx.FailureCode.EVICTED, dx.FailureCode.HANG})
+MAX_COLLECTIVE_TIMEOUT_SECONDS = 3600
+
+
+class FailReason(enum.StrEnum):
+    """Why a job is failed instead of restarted; also the Failed condition's reason."""
+
+    FATAL = "FatalFailure"
+    AUTO_RECOVERY_OFF = "AutoRecoveryDisabled"
+    RESTART_BUDGET = "RestartBudgetExceeded"
+    FAILED_NODE_BUDGET = "FailedNodeBudgetExceeded"
+
+
+@dataclass(frozen=True)
+class FailJob:
+    reason: FailReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    failure_class: FailureClass
+    delay_seconds: int
+    move_slices: frozenset[int]
+    blame_nodes: tuple[str, ...]
+    graceful: bool
+    collective_timeout_seconds: int
+
+
+Decision = FailJob | Restart
+
+
+@dataclass(frozen=True)
+class Broken:
+    """What the failure broke: nodes that are unusable now and the slices they held."""
+
+    lost_nodes: tuple[str, ...]  # lost or with unhealthy TPUs: blamed on a hard failure
+    moving_nodes: tuple[str, ...]  # taken away (maintenance): the slice moves, no blame
+    slices: frozenset[int]  # slices with a node of either kind
+    root_node: str | None
+    root_slice: int | None
+
+
+def _fatal(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
+    if d.failure_class is not dx.FailureClass.FATAL:
+        return None
+    advice = f" {d.advice}" if d.advice else ""
+    return FailJob(FailReason.FATAL, f"{d.headline}.{advice}")
+
+
+def _auto_recovery(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
+    if job.spec.recovery.auto_recovery:
+        return None
+    return FailJob(FailReason.AUTO_RECOVERY_OFF,
+                   f"{d.headline}; spec.recovery.autoRecovery is false, so the job is not "
+                   f"restarted")
+
+
+def _class_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
+    cls = FailureClass(str(d.failure_class))
+    allowed = job.spec.recovery.budget(cls)
+    used = job.status.restarts.count(cls)
+    if used < allowed:
+        return None
+    field = f"max{cls.value.capitalize()}Restarts"
+    return FailJob(FailReason.RESTART_BUDGET,
+                   f"{d.headline}; the {cls.value} restart budget is spent "
+                   f"({used} of spec.recovery.{field}={allowed})")
+
+
+def _node_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
+    blamed = blame(d, broken)
+    known = {n.name for n in job.status.failed_nodes}
+    total = len(known | set(blamed))
+    budget = job.spec.max_failed_nodes_count()
+    if total <= budget:
+        return None
+    return FailJob(FailReason.FAILED_NODE_BUDGET,
+                   f"{d.headline}; {total} nodes have failed, more than "
+                   f"spec.recovery.maxFailedNodes={job.spec.recovery.max_failed_nodes} "
+                   f"({budget} of {job.spec.tpu.total_hosts} hosts)")
+
+
+CHECKS: tuple[Callable[[dx.Diagnosis, TPUTrainingJob, Broken], FailJob | None], ...] = (
+    _fatal, _auto_recovery, _class_budget, _node_budget)
+
+
+def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
+    """Nodes a hard failure is blamed on: the broken ones, else the root worker's node."""
+    if d.failure_class is not dx.FailureClass.HARD or d.code in NOT_THE_NODES_FAULT:
+        return ()
+    if broken.lost_nodes:
+        return broken.lost_nodes
+    return (broken.root_node,) if broken.root_node else ()
+
+
+def collective_timeout(medium_restarts: int) -> int:
+    """Medium retries double the collective timeout each time (up to an hour)."""
+    return int(min(MAX_COLLECTIVE_TIMEOUT_SECONDS,
+               BASE_COLLECTIVE_TIMEOUT_SECONDS * 2 ** max(0, medium_restarts)))
+
+
+def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> Decision:
+    for check in CHECKS:
+        verdict = check(d, job, broken)
+        if verdict is not None:
+            return verdict
+    cls = FailureClass(str(d.failure_class))
+    restarts = job.status.restarts
+    move = set(broken.slices)
+    if cls is FailureClass.HARD and broken.root_slice is not None:
+        move.add(broken.root_slice)
+    medium = restarts.medium + (1 if cls is FailureClass.MEDIUM else 0)
+    return Restart(
+        failure_class=cls,
+        delay_seconds=job.spec.recovery.backoff.delay(restarts.medium)
+        if cls is FailureClass.MEDIUM else 0,
+        move_slices=frozenset(move),
+        blame_nodes=blame(d, broken),
+        graceful=d.code in GRACEFUL_CODES,
+        collective_timeout_seconds=collective_timeout(medium),
+    )
