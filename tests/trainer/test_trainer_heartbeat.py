@@ -125,3 +125,14 @@ def test_background_thread_renews_while_steps_complete_and_survives_errors() -> 
         heartbeat.stop()
     assert heartbeat.errors == 2
     assert len(client.patches) >= 3
+
+
+def test_stop_publishes_the_last_step_even_within_the_interval() -> None:
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    heartbeat.progress(progress(49))
+    heartbeat.renew_if_due()
+    clock.now += 0.1
+    heartbeat.progress(progress(50))
+    heartbeat.stop()
+    assert [p[2]["metadata"]["annotations"][HEARTBEAT_STEP] for p in client.patches] == ["49", "50"]

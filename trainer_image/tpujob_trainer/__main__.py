@@ -60,10 +60,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         os._exit(int(code))
     if code is ExitCode.PREEMPTED:
         context = holder[-1]
-        write_termination_message(
-            build_message(code, f"stopped by SIGTERM after saving step {context.checkpoint_step}",
-                          context)
+        saved = context.checkpoint_step
+        summary = (
+            f"stopped by SIGTERM after saving step {saved}" if saved is not None
+            else "stopped by SIGTERM; no checkpoint was saved"
         )
+        write_termination_message(build_message(code, summary, context))
     sys.exit(int(code))
 
 

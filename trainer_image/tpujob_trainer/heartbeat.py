@@ -50,7 +50,8 @@ class KubernetesLeaseClient:
 
     def patch_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         """Merge-patch the Lease; the operator created it and granted `patch` on it alone."""
-        self._api.patch_namespaced_lease(name, namespace, body)
+        self._api.patch_namespaced_lease(name, namespace, body,
+                                         _content_type="application/merge-patch+json")
 
 
 @dataclass(frozen=True)
@@ -116,13 +117,19 @@ class Heartbeat:
         with self._lock:
             self._pending = progress
 
-    def renew_if_due(self) -> bool:
-        """Patch the Lease if a step completed since the last renewal and the interval passed."""
+    def renew_if_due(self, *, force: bool = False) -> bool:
+        """Patch the Lease if a step completed since the last renewal and the interval passed.
+
+        `force` skips the interval (not the need for progress): the last numbers of a run are
+        published even when the run ends right after a renewal.
+        """
         now = self._clock()
         with self._lock:
             if self._pending is None:
                 return False
-            if self._last_renewal is not None and now - self._last_renewal < self._min_interval:
+            last = self._last_renewal
+            recent = last is not None and now - last < self._min_interval
+            if recent and not force:
                 return False
             progress, self._pending = self._pending, None
             self._last_renewal = now
@@ -145,11 +152,11 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
-        """Publish the last progress (if due) and end the thread."""
+        """End the thread, then publish the last progress if it is not published yet."""
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.renew_if_due()
+        self.renew_if_due(force=True)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._min_interval / 4):

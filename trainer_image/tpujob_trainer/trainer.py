@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
 
 import numpy as np
@@ -40,10 +41,6 @@ class Trainer:
         self.config = config
         self.context = FailureContext(worker=config.process_id)
         self._stop_requested = threading.Event()
-
-    def _update(self, **changes: object) -> None:
-        fields = {**self.context.__dict__, **changes}
-        self.context = FailureContext(**fields)
 
     def _on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         # Only async-signal-safe work here; the loop does the rest at the next step.
@@ -90,7 +87,7 @@ class Trainer:
             expect_chips=self.config.expect_tpu_chips_per_host,
             allow_cpu_fallback=self.config.allow_cpu_fallback,
         )
-        self._update(backend=backend)
+        self.context = replace(self.context, backend=backend)
         return backend
 
     def _heartbeat(self) -> Heartbeat | None:
@@ -127,7 +124,7 @@ class Trainer:
             restored = checkpoints.restore(state)
             if restored is not None:
                 state, start = restored.state, restored.step
-                self._update(checkpoint_step=start)
+                self.context = replace(self.context, checkpoint_step=start)
                 if restored.skipped:
                     log.warning("checkpoint fallback: steps %s could not be restored, resumed "
                                 "from %d", list(restored.skipped), start)
@@ -157,7 +154,7 @@ class Trainer:
             )
             loss_value = float(model.local_value(loss))
             step += 1
-            self._update(step=step)
+            self.context = replace(self.context, step=step)
             if cfg.step_time:
                 time.sleep(cfg.step_time)
             window_steps += 1
@@ -169,7 +166,7 @@ class Trainer:
                 window_start, window_steps = time.monotonic(), 0
             due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or stopping
             if checkpoints and due_to_save and checkpoints.save(step, state):
-                self._update(checkpoint_step=step)
+                self.context = replace(self.context, checkpoint_step=step)
                 log.info("saving step %d state_digest=%s", step, model.digest(state))
             if heartbeat is not None:
                 heartbeat.progress(Progress(step, cfg.steps, loss_value, rate,
