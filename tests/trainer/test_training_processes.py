@@ -61,14 +61,13 @@ def test_killing_one_worker_makes_the_other_fail_with_a_collective_error(job: Jo
                      workers[0].log)
 
 
-def test_sigterm_to_one_worker_stops_every_worker_at_one_committed_step(
+def test_sigterm_to_one_worker_stops_every_worker_at_one_committed_step_and_both_resume_it(
     job: Job, tmp_path: Path
 ) -> None:
     checkpoints = tmp_path / "ckpt"
-    workers = job(
-        "--steps", "100000", "--batch-size", "8", "--step-time", "0.1",
-        "--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "1000",
-    )
+    args = ("--batch-size", "8", "--checkpoint-dir", str(checkpoints),
+            "--checkpoint-interval", "1000")
+    workers = job("--steps", "100000", "--step-time", "0.1", *args)
     workers[0].wait_for_log(r"step 3/", timeout=120)
     workers[1].process.send_signal(signal.SIGTERM)
     assert [w.wait(90) for w in workers] == [42, 42]
@@ -80,3 +79,8 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_committed_step(
     assert step >= 3 and step == workers[0].last_step() == workers[1].last_step()
     assert (checkpoints / str(step) / "commit_success.txt").exists()
     assert not list(checkpoints.glob("*tmp*"))
+    restarted = job("--steps", str(step + 2), *args, name="restarted")
+    assert [w.wait(120) for w in restarted] == [0, 0]
+    for worker in restarted:
+        assert f"resumed from step {step} " in worker.log
+        assert worker.last_step() == step + 2
