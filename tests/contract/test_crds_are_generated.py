@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpujob import crdgen
+from tpujob import cli, crdgen
 
 ROOT = Path(__file__).parents[2]
 
@@ -36,3 +36,10 @@ def test_cli_check_exits_nonzero_on_drift(tmp_path: Path) -> None:
     assert crdgen.main(["check", "--root", str(tmp_path)]) == 1
     assert crdgen.main(["write", "--root", str(tmp_path)]) == 0
     assert crdgen.main(["check", "--root", str(tmp_path)]) == 0
+
+
+def test_tpujob_crd_subcommand_checks_the_files(tmp_path: Path) -> None:
+    assert cli.main(["crd", "write", "--root", str(tmp_path)]) == 0
+    assert cli.main(["crd", "check", "--root", str(tmp_path)]) == 0
+    crdgen.output_paths(tmp_path)[0].unlink()
+    assert cli.main(["crd", "check", "--root", str(tmp_path)]) == 1
