@@ -28,7 +28,7 @@ Manifest = dict[str, Any]
 # written down here once; the rendered ClusterRole must match it exactly, so adding a right to
 # the chart means adding it here too, in review.
 EXPECTED_RIGHTS: dict[tuple[str, str], set[str]] = {
-    ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "update"},
+    ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "update", "delete"},
     ("tpujob.dev", "tputrainingjobs/status"): {"get", "patch", "update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods/log"): {"get"},

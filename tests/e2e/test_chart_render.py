@@ -113,6 +113,7 @@ Action = tuple[str, str, str]
 OPERATOR_ACTIONS: list[Action] = [
     ("watch", "tputrainingjobs.tpujob.dev", ""),
     ("patch", "tputrainingjobs.tpujob.dev", "status"),
+    ("delete", "tputrainingjobs.tpujob.dev", ""),
     ("create", "pods", ""),
     ("delete", "pods", ""),
     ("get", "pods", "log"),
@@ -136,9 +137,9 @@ OUT_OF_BOUNDS: list[Action] = [
     ("list", "secrets", ""),
     ("watch", "secrets", ""),
     ("create", "pods", "exec"),
+    ("create", "tputrainingjobs.tpujob.dev", ""),
     ("update", "pods", ""),
     ("delete", "nodes", ""),
-    ("delete", "tputrainingjobs.tpujob.dev", ""),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", ""),
     ("create", "clusterkopfpeerings.kopf.dev", ""),
     ("create", "deployments.apps", ""),
