@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--restart-grace", type=int, default=5,
                    help="grace seconds for pods deleted by a restart (maintenance and "
                         "preemption restarts give the pod's full grace period)")
+    p.add_argument("--collective-timeout", type=int, default=60,
+                   help="collective/coordination timeout (s) given the trainer; each medium "
+                        "retry doubles it")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=run)
 
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     api = api_client(args.kubeconfig)
     deps = Deps(reader=Reader(api), writer=Writer(api), settings=PlannerSettings(
         force_delete_after_seconds=args.force_delete_after,
-        restart_grace_seconds=args.restart_grace))
+        restart_grace_seconds=args.restart_grace,
+        collective_timeout_seconds=args.collective_timeout))
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=deps.metrics.registry)
     registry = kopf.OperatorRegistry()

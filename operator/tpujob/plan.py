@@ -51,6 +51,8 @@ class PlannerSettings:
     restart_grace_seconds: int = 5
     unknown_retry_limit: int = dx.DEFAULT_UNKNOWN_RETRY_LIMIT
     poll_seconds: float = 5.0
+    # Collective and coordination timeout given the trainer; medium retries double it.
+    collective_timeout_seconds: int = 60
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
     d = dx.diagnose_job(trouble.facts, user_rules=user_rules(job.spec.recovery.rules),
                         history=history, unknown_retry_limit=settings.unknown_retry_limit)
     broken = broken_by(obs, trouble, d)
-    decision = decide(d, job, broken)
+    decision = decide(d, job, broken,
+                      base_collective_timeout=settings.collective_timeout_seconds)
     draft.diagnosis = d
     record = FailureRecord(signature=d.signature[:256], code=str(d.code), step=d.step,
                            node=broken.root_node)

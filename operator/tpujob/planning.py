@@ -137,7 +137,8 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
     return blocking
 
 
-def _launch(obs: Observed, draft: Draft, blocking: list[PodView]) -> None:
+def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
+            planner: PlannerSettings) -> None:
     job, now = obs.job, draft.now
     current = job.status.current_attempt
     if current.not_before is not None and now < current.not_before:
@@ -151,7 +152,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView]) -> None:
     settings = manifests.AttemptSettings(
         attempt=job.status.attempt, pools=pools, bad_nodes=bad,
         collective_timeout_seconds=current.collective_timeout_seconds
-        or manifests.BASE_COLLECTIVE_TIMEOUT_SECONDS)
+        or planner.collective_timeout_seconds)
     draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
                      *manifests.heartbeat_rbac(job), *manifests.attempt_pods(job, settings)]
     draft.update(current_attempt=current.model_copy(update={
@@ -166,7 +167,7 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     blocking = _clean_up_stale(obs, draft, settings)
     current = job.status.current_attempt
     if current.launched_time is None:
-        _launch(obs, draft, blocking)
+        _launch(obs, draft, blocking, settings)
         return
     _record_progress(obs, draft)
     pods = obs.attempt_pods(job.status.attempt)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from tpujob import diagnosis as dx
 from tpujob.api import FailureClass, TPUTrainingJob
-from tpujob.manifests import BASE_COLLECTIVE_TIMEOUT_SECONDS
 
 # Codes of the hard class that do not mean the node is broken: the node is taken away (a
 # maintenance event, a preemption), so the slice moves but the node is not blamed.
@@ -118,13 +117,13 @@ def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
     return (broken.root_node,) if broken.root_node else ()
 
 
-def collective_timeout(medium_restarts: int) -> int:
+def collective_timeout(base_seconds: int, medium_restarts: int) -> int:
     """Medium retries double the collective timeout each time (up to an hour)."""
-    return int(min(MAX_COLLECTIVE_TIMEOUT_SECONDS,
-               BASE_COLLECTIVE_TIMEOUT_SECONDS * 2 ** max(0, medium_restarts)))
+    return int(min(MAX_COLLECTIVE_TIMEOUT_SECONDS, base_seconds * 2 ** max(0, medium_restarts)))
 
 
-def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> Decision:
+def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken, *,
+           base_collective_timeout: int) -> Decision:
     for check in CHECKS:
         verdict = check(d, job, broken)
         if verdict is not None:
@@ -142,5 +141,5 @@ def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> Decision:
         move_slices=frozenset(move),
         blame_nodes=blame(d, broken),
         graceful=d.code in GRACEFUL_CODES,
-        collective_timeout_seconds=collective_timeout(medium),
+        collective_timeout_seconds=collective_timeout(base_collective_timeout, medium),
     )

@@ -115,3 +115,48 @@ def wait_for(check: Callable[[], Any], *, timeout: float, what: str,
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: LocalCluster, crds_installed: None,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.e2e.operator_fixture import OperatorProcess
+
+    proc = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "log")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def healthy_nodes(cluster: LocalCluster, core: client.CoreV1Api) -> Iterator[None]:
+    """Undo every node fault and mark a test leaves behind, and wait until all are Ready."""
+    yield
+    from tpujob import labels
+
+    for node in core.list_node().items:
+        name = node.metadata.name
+        for fault in ("node-up", "tpu-healthy"):
+            cluster.tpujob("local", "fault", fault, name)
+        taints = [t for t in node.spec.taints or []
+                  if t.key != labels.BAD_NODE_TAINT and t.key not in labels.MAINTENANCE_TAINTS]
+        node_labels = {k: None for k in labels.MAINTENANCE_LABELS
+                       if k in (node.metadata.labels or {})}
+        kept = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect))
+                 if v is not None} for t in taints]
+        core.patch_node(name, {"metadata": {"labels": node_labels},
+                               "spec": {"unschedulable": None, "taints": kept or None}},
+                        _content_type="application/merge-patch+json")
+
+    def all_ready() -> bool:
+        for node in core.list_node().items:
+            ready = next(c.status for c in node.status.conditions if c.type == "Ready")
+            keys = {t.key for t in node.spec.taints or []}
+            if ready != "True" or keys & {"node.kubernetes.io/unreachable",
+                                          "node.kubernetes.io/not-ready"}:
+                return False
+        return True
+
+    wait_for(all_ready, timeout=90, what="every node Ready and untainted")

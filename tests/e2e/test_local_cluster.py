@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-
 from tests.e2e.conftest import LocalCluster, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -20,6 +20,7 @@ from tpujob.kube.errors import ConflictError, KubeError, NotFoundError, call
 from tpujob.plan import EventSpec, NodeMark, PodDeletion
 
 EVENT_MESSAGE_LIMIT = 1024
+MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "tpujob-operator"
 
 
@@ -75,7 +76,8 @@ class Writer:
         if mark.action is BadNodeAction.CORDON:
             patch["spec"] = {"unschedulable": True}
         else:
-            taints = [t.to_dict() for t in node.spec.taints or []]
+            taints = [{"key": t.key, "value": t.value, "effect": t.effect}
+                      for t in (node.spec.taints or [])]
             taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
             if any(t.get("key") == labels.BAD_NODE_TAINT for t in taints):
                 return
@@ -83,7 +85,7 @@ class Writer:
                            "effect": "NoSchedule"})
             patch["spec"] = {"taints": taints}
         with contextlib.suppress(NotFoundError):
-            call(self.core.patch_node, mark.node, patch)
+            call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
 
     def event(self, body: Mapping[str, Any], spec: EventSpec) -> None:
         meta = body["metadata"]

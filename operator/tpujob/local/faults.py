@@ -107,12 +107,14 @@ def partition_pod(state_dir: Path, pod: PodRecord, *, heal: bool = False) -> Non
 def maintenance(state_dir: Path, node: str) -> None:
     core = client.CoreV1Api(config.new_client_from_config(str(state_dir / "kubeconfig")))
     current = core.read_node(node)
-    taints = [t.to_dict() for t in (current.spec.taints or [])]
+    taints = [{"key": t.key, "value": t.value, "effect": t.effect}
+              for t in (current.spec.taints or [])]
     taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
     if not any(t["key"] == MAINTENANCE_TAINT["key"] for t in taints):
         taints.append(dict(MAINTENANCE_TAINT))
     core.patch_node(node, {"metadata": {"labels": {MAINTENANCE_LABEL[0]: MAINTENANCE_LABEL[1]}},
-                           "spec": {"taints": taints}})
+                           "spec": {"taints": taints}},
+                   _content_type="application/merge-patch+json")
 
 
 def _state(state_dir: Path) -> ClusterState:

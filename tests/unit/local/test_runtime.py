@@ -34,7 +34,7 @@ def runtime(tmp_path: Path, policy: str = "Never", *, exit_code: int | None = No
     ("OnFailure", 0, "Succeeded"),
     ("OnFailure", 3, "Running"),
     ("Always", 0, "Running"),
-], ids=lambda v: str(v))
+], ids=str)
 def test_phase_follows_restart_policy(tmp_path: Path, policy: str, exit_code: int,
                                       phase: str) -> None:
     assert runtime(tmp_path, policy, exit_code=exit_code).phase() == phase

@@ -45,7 +45,7 @@ class FakeLookups:
     ("metadata.labels['tpujob.dev/slice']", "0"),
     ("metadata.annotations['a']", "b"),
     ("spec.serviceAccountName", "trainer"),
-], ids=lambda v: str(v))
+], ids=str)
 def test_field_refs_resolve_like_the_downward_api(path: str, expected: str) -> None:
     assert sandbox.field_value(POD, path, "10.1.1.1") == expected
 
@@ -115,10 +115,23 @@ def test_bwrap_argv_enters_the_pod_namespaces_and_binds_its_paths(tmp_path: Path
         termination_file=tmp_path / "term", termination_path="/dev/termination-log",
         mounts=[sandbox.Mount(tmp_path / "ckpt", "/ckpt"),
                 sandbox.Mount(tmp_path / "sa", sandbox.SERVICE_ACCOUNT_DIR, read_only=True)],
-        working_dir="/work", argv=["python", "-m", "x"])
-    assert argv[:4] == ["ip", "netns", "exec", "tpj-x"]
+        working_dir="/work", argv=["python", "-m", "x"],
+        root_entries=[sandbox.RootEntry("usr"), sandbox.RootEntry("bin", "usr/bin")])
+    assert argv[:7] == ["ip", "netns", "exec", "tpj-x", "bwrap", "--tmpfs", "/"]
     joined = " ".join(argv)
     assert f"--ro-bind {tmp_path / 'hosts'} /etc/hosts" in joined
     assert f"--bind {tmp_path / 'term'} /dev/termination-log" in joined
-    assert f"--ro-bind {tmp_path / 'sa'} {sandbox.SERVICE_ACCOUNT_DIR}" in joined
+    account_dir = sandbox.resolve_target(sandbox.SERVICE_ACCOUNT_DIR)
+    assert f"--ro-bind {tmp_path / 'sa'} {account_dir}" in joined
+    assert "--bind /usr /usr" in joined
+    assert "--symlink usr/bin /bin" in joined
+    assert "--tmpfs /run" in joined
     assert argv[argv.index("--") + 1:] == ["python", "-m", "x"]
+
+
+def test_mount_targets_under_host_symlinks_resolve_inside_the_sandbox(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    target = str(tmp_path / "link" / "secrets" / "token")
+    assert sandbox.resolve_target(target) == str(tmp_path / "real" / "secrets" / "token")
+    assert sandbox.resolve_target("/checkpoints") == "/checkpoints"

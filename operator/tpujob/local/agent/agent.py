@@ -9,6 +9,7 @@ processes killed and their network cut, no status reported and no deletion compl
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import signal
@@ -36,6 +37,7 @@ log = logging.getLogger("tpujob.local.agent")
 LEASE_SECONDS = 40
 STATUS_EVERY = 5.0
 API_PORT_IN_PODS = 443
+MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -143,15 +145,19 @@ class Agent:
             self.nodes[name], now=rfc3339(time.time()),
             tpu_healthy=not self.faults[name].tpu_unhealthy, log_port=self.log_server.port,
             ready_since=self.ready_since[name])
-        self.core.patch_node_status(name, {"status": status})
+        self.core.patch_node_status(name, {"status": status}, _content_type=MERGE_PATCH)
 
     def _renew_lease(self, name: str) -> None:
         coord = client.CoordinationV1Api(self.api_client)
-        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        # MicroTime wants exactly six fractional digits; the client serialises a datetime
+        # with isoformat, which drops them when the microseconds are zero.
+        now = datetime.datetime.now(datetime.UTC)
+        now = now.replace(microsecond=now.microsecond or 1)
         body = {"spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS,
                          "renewTime": now}}
         try:
-            coord.patch_namespaced_lease(name, "kube-node-lease", body)
+            coord.patch_namespaced_lease(name, "kube-node-lease", body,
+                                         _content_type=MERGE_PATCH)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -319,7 +325,8 @@ class Agent:
         if self.posted.get(rt.uid) == status:
             return
         try:
-            self.core.patch_namespaced_pod_status(rt.name, rt.namespace, {"status": status})
+            self.core.patch_namespaced_pod_status(rt.name, rt.namespace, {"status": status},
+                                                 _content_type=MERGE_PATCH)
         except ApiException as err:
             if err.status == 404:
                 return

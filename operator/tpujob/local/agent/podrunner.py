@@ -29,6 +29,7 @@ class PodRunner:
         self.api = api
         self.lookups = lookups
         self.hosts_file = root / "hosts"
+        self.root_entries = sandbox.host_root_entries()
         self._used: set[int] = set()
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
@@ -90,7 +91,8 @@ class PodRunner:
             netns=rt.netns, hostname=hostname[:63], hosts_file=self.hosts_file,
             tmp_dir=rt.directory / "tmp", termination_file=c.termination_file,
             termination_path=spec.get("terminationMessagePath", DEFAULT_TERMINATION_PATH),
-            mounts=mounts, working_dir=spec.get("workingDir"), argv=argv)
+            mounts=mounts, working_dir=spec.get("workingDir"), argv=argv,
+            root_entries=self.root_entries)
         c.start(full, env, now=now)
 
     def _volume_path(self, rt: PodRuntime, vol: Mapping[str, Any]) -> Path:

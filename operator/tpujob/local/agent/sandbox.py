@@ -221,16 +221,66 @@ def container_mounts(pod: Mapping[str, Any], container: Mapping[str, Any],
     return mounts
 
 
+@dataclass(frozen=True)
+class RootEntry:
+    """A top-level entry of the host's file system: a directory to bind or a symlink."""
+
+    name: str
+    symlink_target: str | None = None
+
+
+# Made fresh per pod rather than shared with the host.
+PRIVATE_ROOT_ENTRIES = frozenset({"proc", "dev", "sys", "tmp", "run"})
+
+
+def host_root_entries(root: Path = Path("/")) -> list[RootEntry]:
+    entries = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name in PRIVATE_ROOT_ENTRIES or entry.name.startswith("."):
+            continue
+        if entry.is_symlink():
+            entries.append(RootEntry(entry.name, os.readlink(entry.path)))
+        elif entry.is_dir():
+            entries.append(RootEntry(entry.name))
+    return entries
+
+
+def resolve_target(target: str) -> str:
+    """`target` with symlinks in its existing parents resolved, as the sandbox will see them.
+
+    The sandbox mirrors the host's layout, so /var/run/secrets/... (with /var/run -> /run)
+    becomes /run/secrets/..., which lands in the pod's private /run.
+    """
+    path = Path(target)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return str(Path(os.path.realpath(existing)) / path.relative_to(existing))
+
+
 def bwrap_argv(*, netns: str, hostname: str, hosts_file: Path, tmp_dir: Path,
                termination_file: Path, termination_path: str, mounts: list[Mount],
-               working_dir: str | None, argv: list[str]) -> list[str]:
-    """The full argv: enter the pod's network namespace, then its private mount namespace."""
-    cmd = ["ip", "netns", "exec", netns, "bwrap", "--bind", "/", "/", "--dev", "/dev",
-           "--proc", "/proc", "--tmpfs", "/dev/shm", "--bind", str(tmp_dir), "/tmp",
-           "--ro-bind", str(hosts_file), "/etc/hosts", "--unshare-uts", "--hostname", hostname,
-           "--bind", str(termination_file), termination_path]
+               working_dir: str | None, argv: list[str],
+               root_entries: list[RootEntry]) -> list[str]:
+    """The full argv: enter the pod's network namespace, then its private mount namespace.
+
+    The root is a fresh tmpfs holding binds of the host's top-level directories, so the mount
+    points a pod needs (/checkpoints, /var/run/secrets/..., /dev/termination-log) are made in
+    the pod's own tmpfs and never on the host.
+    """
+    cmd = ["ip", "netns", "exec", netns, "bwrap", "--tmpfs", "/"]
+    for entry in root_entries:
+        if entry.symlink_target is not None:
+            cmd += ["--symlink", entry.symlink_target, f"/{entry.name}"]
+        else:
+            cmd += ["--bind", f"/{entry.name}", f"/{entry.name}"]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys",
+            "--tmpfs", "/run", "--tmpfs", "/dev/shm", "--bind", str(tmp_dir), "/tmp",
+            "--ro-bind", str(hosts_file), "/etc/hosts", "--unshare-uts", "--hostname", hostname,
+            "--bind", str(termination_file), termination_path]
     for mount in mounts:
-        cmd += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
+        cmd += ["--ro-bind" if mount.read_only else "--bind", str(mount.source),
+                resolve_target(mount.target)]
     if working_dir:
         cmd += ["--chdir", working_dir]
     return [*cmd, "--", *argv]

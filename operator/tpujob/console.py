@@ -1,0 +1,150 @@
+"""`tpujob get` and `tpujob describe JOB`: the job's state for people (rich) and scripts (--json).
+
+Reads the job's status only; everything shown was written there by the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, parse_job
+
+
+def register(subparsers: Any) -> None:
+    get = subparsers.add_parser("get", help="list TPUTrainingJobs with phase, step, restarts")
+    get.add_argument("-n", "--namespace", default=None, help="default: every namespace")
+    get.add_argument("--kubeconfig", default=None)
+    get.add_argument("--json", action="store_true")
+    get.set_defaults(handler=_get)
+    describe = subparsers.add_parser("describe", help="one job: progress, failures, timeline")
+    describe.add_argument("job")
+    describe.add_argument("-n", "--namespace", default="default")
+    describe.add_argument("--kubeconfig", default=None)
+    describe.add_argument("--json", action="store_true")
+    describe.set_defaults(handler=_describe)
+
+
+def _custom(kubeconfig: str | None) -> Any:
+    from kubernetes import client
+
+    from tpujob.kube.client import api_client
+
+    return client.CustomObjectsApi(api_client(kubeconfig))
+
+
+def _age(since: datetime | None, now: datetime) -> str:
+    if since is None:
+        return "-"
+    seconds = int((now - since).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def job_row(job: TPUTrainingJob) -> dict[str, Any]:
+    st = job.status
+    return {
+        "namespace": job.namespace, "name": job.name, "phase": str(st.phase or "Pending"),
+        "step": st.progress.step if st.progress else None,
+        "totalSteps": st.progress.total_steps if st.progress else None,
+        "restarts": st.restarts.model_dump(by_alias=True),
+        "goodput": st.goodput, "attempt": st.attempt,
+        "failedNodes": [n.name for n in st.failed_nodes],
+    }
+
+
+def _get(args: argparse.Namespace) -> int:
+    api = _custom(args.kubeconfig)
+    if args.namespace:
+        items = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL)["items"]
+    else:
+        items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    jobs = [parse_job(i) for i in items]
+    if args.json:
+        print(json.dumps([job_row(j) for j in jobs], indent=2))
+        return 0
+    table = Table(box=None)
+    for column in ("NAMESPACE", "NAME", "PHASE", "STEP", "RESTARTS (s/m/h)", "GOODPUT"):
+        table.add_column(column)
+    for job in jobs:
+        row = job_row(job)
+        r = row["restarts"]
+        step = f"{row['step']}/{row['totalSteps'] or '?'}" if row["step"] is not None else "-"
+        goodput = f"{row['goodput']:.0%}" if row["goodput"] is not None else "-"
+        table.add_row(row["namespace"], row["name"], row["phase"], step,
+                      f"{r['soft']}/{r['medium']}/{r['hard']}", goodput)
+    Console().print(table)
+    return 0
+
+
+def describe_lines(job: TPUTrainingJob, now: datetime) -> list[str]:
+    """The describe view as plain lines (rich markup allowed)."""
+    st, spec = job.status, job.spec
+    lines = [f"[bold]{job.namespace}/{job.name}[/bold]  phase [bold]{st.phase or 'Pending'}"
+             f"[/bold]  attempt {st.attempt}  age {_age(st.start_time, now)}",
+             f"  TPU        {spec.tpu.accelerator} {spec.tpu.topology} x{spec.tpu.slices} "
+             f"({spec.tpu.total_hosts} hosts)"]
+    if st.progress and st.progress.step is not None:
+        total = st.progress.total_steps
+        pct = f" ({st.progress.step / total:.0%})" if total else ""
+        lines.append(f"  progress   step {st.progress.step}/{total or '?'}{pct}, "
+                     f"{st.progress.steps_per_second or 0:.2f} steps/s")
+    checkpoint = st.checkpoint_step if st.checkpoint_step is not None else "-"
+    lines.append(f"  checkpoint step {checkpoint}")
+    if st.goodput is not None:
+        lines.append(f"  goodput    {st.goodput:.1%}")
+    r = st.restarts
+    rec = spec.recovery
+    lines.append(f"  restarts   soft {r.soft}/{rec.max_soft_restarts}  medium "
+                 f"{r.medium}/{rec.max_medium_restarts}  hard {r.hard}/{rec.max_hard_restarts}")
+    failed = ", ".join(n.name for n in st.failed_nodes) or "none"
+    lines.append(f"  bad nodes  {failed} (budget left {st.failed_node_budget_left})")
+    if st.current_attempt.placement:
+        lines.append("  placement  " + ", ".join(
+            f"slice {p.slice} on {p.node_pool}" for p in st.current_attempt.placement))
+    lf = st.last_failure
+    if lf is not None:
+        tag = escape(f"[{str(lf.failure_class or '').upper()}]")
+        lines.append(f"[bold]last failure[/bold] {tag} {escape(f'{lf.code}: {lf.summary}')}")
+        lines += [f"    {'->' if i else '  '} {escape(link)}" for i, link in enumerate(lf.chain)]
+        lines += [f"    evidence: {escape(e)}" for e in lf.evidence[:6]]
+        if lf.advice:
+            lines.append(f"    advice: {escape(lf.advice)}")
+        if lf.action:
+            lines.append(f"    action: {escape(lf.action)}")
+    if st.timeline:
+        lines.append("[bold]timeline[/bold]")
+        lines += [f"  {e.time.strftime('%H:%M:%S')} {e.kind:<13} {escape(e.message)}"
+                  for e in st.timeline[-20:]]
+    for cond in st.conditions:
+        if cond.type == "Failed" and cond.status == "True":
+            lines.append(f"[red]failed: {escape(cond.message or '')}[/red]")
+    return lines
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        body = _custom(args.kubeconfig).get_namespaced_custom_object(
+            GROUP, VERSION, args.namespace, PLURAL, args.job)
+    except ApiException as err:
+        print(f"tpujob describe: {args.namespace}/{args.job}: {err.reason}", file=sys.stderr)
+        return 1
+    job = parse_job(body)
+    if args.json:
+        print(json.dumps({**job_row(job), "status": body.get("status", {})}, indent=2))
+        return 0
+    console = Console()
+    for line in describe_lines(job, datetime.now(UTC)):
+        console.print(line, highlight=False)
+    return 0
