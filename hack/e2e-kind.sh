@@ -62,9 +62,10 @@ docker build -t "$trainer_image" -f trainer_image/Dockerfile.cpu trainer_image
 kind load docker-image --name "$cluster" "$operator_image" "$trainer_image"
 
 step "advertise $chips_per_host google.com/tpu on each TPU worker (kind nodes have none)"
+tpu="\"google.com/tpu\":\"$chips_per_host\""
 for node in $(kubectl get nodes -l cloud.google.com/gke-tpu-accelerator -o name); do
   kubectl patch "$node" --subresource=status --type=merge \
-    -p "{\"status\":{\"capacity\":{\"google.com/tpu\":\"$chips_per_host\"}}}"
+    -p "{\"status\":{\"capacity\":{$tpu},\"allocatable\":{$tpu}}}"
 done
 
 step "install the operator chart"
@@ -81,8 +82,7 @@ wait_at_least 10 300 "training step" \
 step "stop the node container of one trainer pod (not the operator's node)"
 operator_node=$(kubectl -n tpujob-system get pods -l app.kubernetes.io/name=tpujob-operator \
   -o jsonpath='{.items[0].spec.nodeName}')
-victim=$(kubectl get pods \
-  -o jsonpath="{.items[?(@.metadata.ownerReferences[0].name==\"$job\")].spec.nodeName}" |
+victim=$(kubectl get pods -l "tpujob.dev/job=$job" -o jsonpath='{.items[*].spec.nodeName}' |
   tr ' ' '\n' | grep -vx "$operator_node" | head -n1 || true)
 [[ -n $victim ]] || { echo "found no trainer pod of $job to fail" >&2; exit 1; }
 echo "stopping $victim"
