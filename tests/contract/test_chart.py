@@ -13,6 +13,7 @@ import re
 import subprocess
 import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -369,3 +370,26 @@ def test_crd_upgrade_command_is_documented_in_notes_and_readme() -> None:
 def test_replicas_name_themselves_in_the_peering_object_by_pod_name() -> None:
     env = {e["name"]: e for e in operator_container(render())["env"]}
     assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_operator_image_runs_as_the_user_the_chart_expects() -> None:
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER (\d+)(?::(\d+))?$", dockerfile, re.MULTILINE)
+    pod_context = only(render(), "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert users == [(str(pod_context["runAsUser"]), str(pod_context["runAsGroup"]))]
+
+
+def test_docker_context_keeps_everything_the_operator_image_copies() -> None:
+    copied = [
+        source
+        for line in (REPO_ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for source in line.split()[1:-1]
+    ]
+    ignored = [
+        line.strip().rstrip("/")
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert copied, "the Dockerfile copies nothing from the context"
+    assert not [s for s in copied if any(Path(s).match(pattern) for pattern in ignored)]
