@@ -20,6 +20,8 @@ import pytest
 import yaml
 from tests.binaries import REPO_ROOT, binary
 
+from tpujob.api.spec import TPUTrainingJobSpec
+
 CHART = REPO_ROOT / "charts" / "tpujob-operator"
 TOP_LEVEL_CRDS = REPO_ROOT / "crds"
 
@@ -393,3 +395,24 @@ def test_docker_context_keeps_everything_the_operator_image_copies() -> None:
     ]
     assert copied, "the Dockerfile copies nothing from the context"
     assert not [s for s in copied if any(Path(s).match(pattern) for pattern in ignored)]
+
+
+def test_kind_node_pools_each_hold_one_slice_of_the_kind_job() -> None:
+    config = yaml.safe_load((REPO_ROOT / "kind-config.yaml").read_text())
+    job = TPUTrainingJobSpec.model_validate(
+        yaml.safe_load((REPO_ROOT / "hack" / "kind-job.yaml").read_text())["spec"]
+    )
+    pools: dict[str, list[dict[str, str]]] = {}
+    for node in config["nodes"]:
+        if node["role"] == "worker":
+            pools.setdefault(node["labels"]["cloud.google.com/gke-nodepool"], []).append(
+                node["labels"]
+            )
+    # Two pools, so a slice moved off a failed node has somewhere to go.
+    assert len(pools) >= 2
+    for workers in pools.values():
+        assert {w["cloud.google.com/gke-tpu-accelerator"] for w in workers} == {job.tpu.accelerator}
+        assert {w["cloud.google.com/gke-tpu-topology"] for w in workers} == {job.tpu.topology}
+        assert len(workers) == job.tpu.hosts_per_slice
+    script = (REPO_ROOT / "hack" / "e2e-kind.sh").read_text()
+    assert f"chips_per_host={job.tpu.chips_per_host}\n" in script
