@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import random
 from typing import Any
 
 from tpujob.plan import PlannerSettings
@@ -32,11 +34,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--collective-timeout", type=int, default=60,
                    help="collective/coordination timeout (s) given the trainer; each medium "
                         "retry doubles it")
+    p.add_argument("--priority", type=int, default=None,
+                   help="kopf peering priority; replicas with equal priority pause each other, "
+                        "so by default each replica draws a random one and the highest runs")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kubeconfig:
+        # kopf's login reads $KUBECONFIG, which the client library reads once at import:
+        # set it before anything imports kubernetes, so both use the same credentials.
+        os.environ["KUBECONFIG"] = args.kubeconfig
     import kopf
     from prometheus_client import start_http_server
 
@@ -61,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(
         registry=registry, memo=deps, clusterwide=not namespaces, namespaces=namespaces,
         standalone=args.peering is None, peering_name=args.peering,
+        priority=args.priority if args.priority is not None else random.randint(1, 10**6),
         liveness_endpoint=(f"http://0.0.0.0:{args.liveness_port}/healthz"
                            if args.liveness_port else None)))
     return 0
