@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from tpujob import contract
 from tpujob import diagnosis as dx
 from tpujob.api import UserRule as ApiUserRule
 from tpujob.observed import NodeView, Observed, PodView
@@ -57,7 +58,14 @@ def worker_facts(obs: Observed, pod: PodView, *, step: int | None) -> dx.WorkerF
         message=pod.message, log_tail=obs.log_tails.get(pod.name, ""),
         context="; ".join(context), disruption=pod.disruption_reason,
         node=node_facts(node, pod.node, chips) if pod.node else None,
-        step=step, finished_at=pod.finished_at or pod.deleting_since)
+        step=_reported_step(pod) if _reported_step(pod) is not None else step,
+        finished_at=pod.finished_at or pod.deleting_since)
+
+
+def _reported_step(pod: PodView) -> int | None:
+    """The step in the trainer's own termination message: exact, where the heartbeat lags."""
+    message = contract.parse_termination_message(pod.message)
+    return message.step if message is not None else None
 
 
 def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: datetime | None,

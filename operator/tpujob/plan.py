@@ -51,6 +51,9 @@ class PlannerSettings:
     restart_grace_seconds: int = 5
     unknown_retry_limit: int = dx.DEFAULT_UNKNOWN_RETRY_LIMIT
     poll_seconds: float = 5.0
+    # A failure that only says "a peer went away" waits this long for the peer's own status,
+    # so the root cause, not its echo, is diagnosed.
+    cascade_settle_seconds: float = 3.0
     # Collective and coordination timeout given the trainer; medium retries double it.
     collective_timeout_seconds: int = 60
 

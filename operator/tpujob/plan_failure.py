@@ -58,6 +58,8 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
                for r in status.failure_history]
     d = dx.diagnose_job(trouble.facts, user_rules=user_rules(job.spec.recovery.rules),
                         history=history, unknown_retry_limit=settings.unknown_retry_limit)
+    if _root_may_still_come(obs, trouble, d, draft, settings):
+        return
     broken = broken_by(obs, trouble, d)
     decision = decide(d, job, broken,
                       base_collective_timeout=settings.collective_timeout_seconds)
@@ -79,6 +81,26 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
         _fail(draft, d, trouble, decision)
     else:
         _restart(obs, draft, d, trouble, decision)
+
+
+# Codes that, alone, say that some other worker went away (the trainer reports them as its own).
+PEER_LOST_CODES = frozenset({dx.FailureCode.COLLECTIVE_FAILURE, dx.FailureCode.COLLECTIVE_TIMEOUT})
+
+
+def _root_may_still_come(obs: Observed, trouble: Trouble, d: dx.Diagnosis, draft: Draft,
+                         settings: PlannerSettings) -> bool:
+    """A consequence ("connection closed by peer") while other workers still run: the dead
+    peer's status is usually a moment behind; wait for it briefly instead of blaming the echo."""
+    waited = (draft.now - trouble.seen_at).total_seconds()
+    echo = d.consequence or d.code in PEER_LOST_CODES
+    if not echo or waited >= settings.cascade_settle_seconds:
+        return False
+    others = [p for p in obs.attempt_pods(obs.job.status.attempt)
+              if p.name not in trouble.pods and not p.terminal]
+    if not others:
+        return False
+    draft.requeue(settings.cascade_settle_seconds - waited)
+    return True
 
 
 def _fail(draft: Draft, d: dx.Diagnosis, trouble: Trouble, decision: FailJob) -> None:

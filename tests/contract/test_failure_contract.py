@@ -24,8 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 BASE = TerminationMessage(
-    code="COLLECTIVE_FAILURE", exit_code=30, class_hint=ClassHint.SOFT,
-    summary="Gloo all-reduce failed", step=120, checkpoint_step=100, backend="cpu", worker=1,
+    code="COLLECTIVE_FAILURE",
+    exit_code=30,
+    class_hint=ClassHint.SOFT,
+    summary="Gloo all-reduce failed",
+    step=120,
+    checkpoint_step=100,
+    backend="cpu",
+    worker=1,
     traceback="Traceback ...\nJaxRuntimeError: boom\n",
 )
 
@@ -52,7 +58,7 @@ def test_message_round_trips_through_json() -> None:
     [
         ("short", "frame\n" * 20_000),
         ("s" * 10_000, "t" * 10_000),
-        ("é\"\\\n" * 3_000, "\x00\u2603\"" * 5_000),
+        ('é"\\\n' * 3_000, '\x00\u2603"' * 5_000),
     ],
     ids=["huge-traceback", "huge-summary-and-traceback", "escape-heavy-text"],
 )
@@ -69,8 +75,13 @@ def test_encoded_message_fits_4kib_and_keeps_the_traceback_tail(
 
 @pytest.mark.parametrize(
     "text",
-    ["", "Error: plain text from a crashed process", "[1, 2]", json.dumps({"code": 3}),
-     json.dumps({"code": "X", "class_hint": "tepid", "exit_code": 1})],
+    [
+        "",
+        "Error: plain text from a crashed process",
+        "[1, 2]",
+        json.dumps({"code": 3}),
+        json.dumps({"code": "X", "class_hint": "tepid", "exit_code": 1}),
+    ],
     ids=["empty", "free-text", "not-an-object", "code-not-a-string", "unknown-class-hint"],
 )
 def test_anything_not_written_by_the_trainer_parses_to_none(text: str) -> None:

@@ -99,7 +99,8 @@ def timeline_kinds(status: dict[str, Any]) -> list[str]:
 def assert_recovered(status: dict[str, Any], *, soft: int = 0, medium: int = 0,
                      hard: int = 0) -> None:
     restarts = status["restarts"]
-    assert (restarts["soft"], restarts["medium"], restarts["hard"]) == (soft, medium, hard)
+    assert (restarts["soft"], restarts["medium"], restarts["hard"]) == (soft, medium, hard), \
+        f"last failure {status.get('lastFailure')}; timeline {status.get('timeline')}"
     kinds = timeline_kinds(status)
     for kind in ("FailureSeen", "Diagnosed", "Restarting", "PodsCreated", "Resumed"):
         assert kind in kinds, f"{kind} missing from timeline {kinds}"

@@ -219,6 +219,9 @@ def _node_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit | None:
     return None
 
 
+PEER_LOST_TRAINER_CODES = frozenset({FailureCode.COLLECTIVE_FAILURE})
+
+
 def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:
     if message is None:
         return None
@@ -233,6 +236,8 @@ def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:
         code=code,
         confidence=Confidence.HIGH,
         summary=message.summary.splitlines()[0][:200] if message.summary else str(code),
+        # The trainer reports a broken collective as its own failure; it means a peer left.
+        consequence=code in PEER_LOST_TRAINER_CODES,
     )
     detail = f"termination message code {message.code} ({message.class_hint})"
     return _Hit("trainer-code", verdict, (Evidence(Source.TRAINER, detail),))

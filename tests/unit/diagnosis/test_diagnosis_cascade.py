@@ -91,3 +91,21 @@ def test_job_without_failed_workers_but_stalled_heartbeat_is_a_hang() -> None:
     diagnosis = diagnose_job(job)
     assert diagnosis.code is FailureCode.HANG
     assert diagnosis.step == 40
+
+
+def test_a_killed_worker_is_the_root_of_a_peers_reported_collective_failure() -> None:
+    from datetime import UTC, datetime
+
+    from tpujob import contract
+    from tpujob.diagnosis import JobFacts, WorkerFacts, diagnose_job
+
+    same_second = datetime(2026, 1, 1, tzinfo=UTC)
+    echo = contract.encode_termination_message(contract.TerminationMessage(
+        code="COLLECTIVE_FAILURE", exit_code=30, class_hint=contract.ClassHint.SOFT,
+        summary="Gloo all-reduce failed: Connection reset by peer", step=31))
+    peer = WorkerFacts(worker_index=0, pod_name="w0", exit_code=30, message=echo,
+                       finished_at=same_second)
+    killed = WorkerFacts(worker_index=1, pod_name="w1", exit_code=137, finished_at=same_second)
+    verdict = diagnose_job(JobFacts(workers=(peer, killed)))
+    assert verdict.root_worker == 1
+    assert str(verdict.code) == "PROCESS_KILLED"

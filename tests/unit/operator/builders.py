@@ -1,4 +1,4 @@
-"""Builders of jobs, pods, nodes and heartbeats as the API server returns them, for planner tests."""
+"""Builders of jobs, pods, nodes and heartbeats as the API server returns them."""
 
 from __future__ import annotations
 

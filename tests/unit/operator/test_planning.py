@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from tests.unit.operator.builders import (
     T0,
     at,
@@ -17,6 +16,7 @@ from tests.unit.operator.builders import (
     running_status,
     trainer_message,
 )
+
 from tpujob import contract, labels
 from tpujob.api import BadNodeAction, Phase
 from tpujob.plan import Plan
@@ -270,3 +270,22 @@ def test_finished_job_is_deleted_after_its_ttl() -> None:
     job = job_body(status=status, ttlSecondsAfterFinished=30)
     assert not plan(observed(job), now=at(20)).delete_job
     assert plan(observed(job), now=at(41)).delete_job
+
+
+def test_a_peer_lost_echo_waits_briefly_for_the_root_cause() -> None:
+    job = job_body(status=running_status())
+    echo = trainer_message(contract.ExitCode.COLLECTIVE_FAILURE,
+                           "Gloo all-reduce failed: Connection closed by peer")
+    pods = [pod(job, 1, 0, 0, phase="Failed", exit_code=30, message=echo, finished=10),
+            pod(job, 1, 0, 1)]
+    waiting = plan(observed(job, pods), now=at(11))
+    assert waiting.status.attempt == 1
+    assert waiting.requeue_after == pytest.approx(2.0)
+    pods[1] = pod(job, 1, 0, 1, phase="Failed", exit_code=137, finished=9.5)
+    diagnosed = plan(observed(job, pods), now=at(11.5))
+    assert diagnosed.status.last_failure is not None
+    assert diagnosed.status.last_failure.pod == "train-1-0-1"
+    assert diagnosed.status.last_failure.code == "PROCESS_KILLED"
+    # When the root never shows up, the echo is diagnosed after the window.
+    pods[1] = pod(job, 1, 0, 1)
+    assert plan(observed(job, pods), now=at(13.5)).status.attempt == 2
