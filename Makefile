@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench e2e-kind clean
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench e2e-kind clean
 
 all: test
 
@@ -19,9 +19,15 @@ $(STAMP): pyproject.toml trainer_image/pyproject.toml
 
 venv: $(STAMP)
 
+# The local cluster runs pods in their own network and mount namespaces: iproute2 and
+# bubblewrap, from the distribution's packages, installed when missing.
+system-deps:
+	@command -v bwrap >/dev/null && command -v ip >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap iproute2 >/dev/null)
+
 # Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm from
 # the Go modules pinned under tools/ (once per machine; later runs reuse the cache).
-binaries:
+binaries: system-deps
 	tools/build-control-plane.sh
 
 # The one command that writes generated artefacts: the CRD (from the pydantic models), the
@@ -33,9 +39,11 @@ generate: venv
 lint: venv
 	$(VENV)/bin/ruff check operator trainer_image tests bench
 	$(VENV)/bin/mypy
+	cd trainer_image && ../$(VENV)/bin/mypy
 	PYTHONPATH=operator $(VENV)/bin/lint-imports
+	$(PY) -m tpujob.crdgen check
 
-unit: venv
+unit: venv binaries
 	$(PY) -m pytest -q tests/unit tests/contract
 
 trainer-tests: venv
@@ -51,7 +59,8 @@ demo: venv binaries
 	$(PY) -m tpujob.demo $(DEMO_ARGS)
 
 bench: venv binaries
-	$(PY) -m bench.run_all
+	$(PY) bench/bench_diagnosis.py
+	$(PY) bench/bench_recovery.py
 
 e2e-kind:
 	hack/e2e-kind.sh

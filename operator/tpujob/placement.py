@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from tpujob.api.attempt import AttemptStatus, SlicePlacement
 from tpujob.observed import NodeView
 
 
@@ -74,3 +75,13 @@ def broken_slices(pools: Mapping[int, str], nodes: Mapping[str, NodeView],
             by_pool[node.pool].append(node)
     return {index for index, pool in pools.items()
             if any(not n.healthy_for(bad_nodes) for n in by_pool.get(pool, []))}
+
+
+def pools_of(attempt: AttemptStatus) -> dict[int, str]:
+    """The recorded pool of each slice of an attempt."""
+    return {p.slice: p.node_pool for p in attempt.placement}
+
+
+def placement(pools: Mapping[int, str]) -> tuple[SlicePlacement, ...]:
+    """Pools per slice as the status records them."""
+    return tuple(SlicePlacement(slice=s, node_pool=p) for s, p in sorted(pools.items()))

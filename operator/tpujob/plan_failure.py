@@ -13,7 +13,7 @@ from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus, FailureRecord
 from tpujob.failure_facts import Trouble, node_in_trouble, user_rules
 from tpujob.observed import Observed
-from tpujob.placement import place_slices
+from tpujob.placement import place_slices, placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
 from tpujob.recovery import Broken, FailJob, Restart, decide
 
@@ -129,8 +129,6 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
                          accelerator=tpu.accelerator, topology=tpu.topology,
                          nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
                          busy_pools=obs.busy_pools)
-    from tpujob.planning import placement
-
     attempt = status.attempt + 1
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
         else None

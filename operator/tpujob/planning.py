@@ -12,10 +12,10 @@ from datetime import datetime, timedelta
 
 from tpujob import manifests
 from tpujob.api import ConditionType, Phase, Progress, TPUTrainingJob
-from tpujob.api.attempt import AttemptStatus, SlicePlacement
+from tpujob.api.attempt import AttemptStatus
 from tpujob.failure_facts import find_trouble
 from tpujob.observed import Observed, PodView
-from tpujob.placement import place_slices
+from tpujob.placement import place_slices, placement, pools_of
 from tpujob.plan import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
 
@@ -43,14 +43,6 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
 
 def bad_nodes(job: TPUTrainingJob) -> frozenset[str]:
     return frozenset(n.name for n in job.status.failed_nodes)
-
-
-def pools_of(status_attempt: AttemptStatus) -> dict[int, str]:
-    return {p.slice: p.node_pool for p in status_attempt.placement}
-
-
-def placement(pools: dict[int, str]) -> tuple[SlicePlacement, ...]:
-    return tuple(SlicePlacement(slice=s, node_pool=p) for s, p in sorted(pools.items()))
 
 
 def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str]) -> dict[int, str]:

@@ -20,8 +20,10 @@ from kubernetes import client
 from tpujob.api import GROUP, PLURAL, VERSION
 
 # Tuned for a small, loaded machine: peers notice a dead worker within seconds, pods stuck on a
-# lost node are freed after a few seconds.
-OPERATOR_ARGS = ("--metrics-port", "0", "--liveness-port", "0", "--collective-timeout", "15",
+# lost node are freed after a few seconds. It serves the tests' own namespaces (test-*) only, so
+# the operator the chart test installs in-cluster never competes with it.
+OPERATOR_ARGS = ("--namespace", "test-*", "--metrics-port", "0", "--liveness-port", "0",
+                 "--collective-timeout", "15",
                  "--force-delete-after", "3", "--restart-grace", "3")
 
 

@@ -51,7 +51,7 @@ def training_job(name: str, checkpoints: Path, *, steps: int = 60, faults: tuple
 class Run:
     """One submitted job and the handles a test needs around it."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str, operator: OperatorProcess,
+    def __init__(self, cluster: LocalCluster, namespace: str, operator: OperatorProcess | None,
                  body: dict[str, Any]) -> None:
         self.cluster, self.namespace, self.operator = cluster, namespace, operator
         self.name = body["metadata"]["name"]

@@ -9,7 +9,7 @@ from typing import Any
 from tpujob import contract, labels, manifests
 from tpujob.api import parse_job
 from tpujob.observed import Observed, heartbeat_view, node_view, pod_view
-from tpujob.planning import pools_of
+from tpujob.placement import pools_of
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -1,0 +1,36 @@
+"""`tpujob describe` shows what a person needs after a failure, from the status alone."""
+
+from __future__ import annotations
+
+from tests.unit.operator.builders import at, job_body, lease, observed, pod, running_status
+from tpujob.api import parse_job
+from tpujob.console import describe_lines, job_row
+from tpujob.planning import plan
+
+
+def failed_over_node_loss() -> dict[str, object]:
+    from tests.unit.operator.builders import cluster
+
+    job = job_body(status=running_status())
+    nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown"}})
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    result = plan(observed(job, pods, nodes=nodes, heartbeat=lease(renewed=19, step=42)),
+                  now=at(20))
+    return job_body(status=result.status.model_dump(mode="json", by_alias=True,
+                                                    exclude_none=True))
+
+
+def test_describe_shows_the_failure_chain_budget_and_timeline() -> None:
+    text = "\n".join(describe_lines(parse_job(failed_over_node_loss()), at(30)))
+    assert "NODE_LOST" in text
+    assert "[HARD] NODE_LOST" in text
+    assert "pool-0-w1 (budget left 0)" in text
+    assert "FailureSeen" in text and "Restarting" in text
+    assert "step 42/" in text
+
+
+def test_get_row_has_phase_step_restarts_for_scripts() -> None:
+    row = job_row(parse_job(failed_over_node_loss()))
+    assert row["phase"] == "Recovering"
+    assert row["restarts"]["hard"] == 1
+    assert row["failedNodes"] == ["pool-0-w1"]
