@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.unit.operator.builders import at, job_body, lease, observed, pod, running_status
+
 from tpujob.api import parse_job
 from tpujob.console import describe_lines, job_row
 from tpujob.planning import plan
