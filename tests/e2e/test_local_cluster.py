@@ -182,8 +182,10 @@ def test_node_down_makes_node_not_ready_and_evicts_its_pods(
     cluster.tpujob("local", "fault", "node-down", node)
     try:
         wait_for(lambda: node_ready(core, node) == "Unknown", timeout=60, what="Ready=Unknown")
-        taints = {t.key for t in core.read_node(node).spec.taints or []}
-        assert "node.kubernetes.io/unreachable" in taints
+        # The node-lifecycle controller taints the node a moment after marking it Unknown.
+        wait_for(lambda: "node.kubernetes.io/unreachable" in {
+            t.key for t in core.read_node(node).spec.taints or []}, timeout=30,
+            what="unreachable taint")
 
         def evicted() -> bool:
             pod = core.read_namespaced_pod("doomed", namespace)
