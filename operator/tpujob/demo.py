@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
@@ -72,7 +73,11 @@ class Demo:
                       "--set", "operator.extraArgs={--collective-timeout=15,"
                                "--force-delete-after=3}")
         say("[bold]3. job[/bold]: kubectl apply -f examples/cpu-local.yaml")
-        self.run_tool("kubectl", "apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
+        # Checkpoints go under the demo's state dir, so a second demo starts from step 0 and
+        # teardown removes them.
+        job = yaml.safe_load(EXAMPLE.read_text())
+        job["spec"]["checkpoint"]["volume"]["hostPath"] = str(self.state_dir / "checkpoints")
+        self.run_tool("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(job))
 
     def watch(self, until: Any, what: str, timeout: float = 600) -> dict[str, Any]:
         columns = (TextColumn("[bold]{task.fields[phase]:<10}"), BarColumn(),
