@@ -135,3 +135,14 @@ def test_mount_targets_under_host_symlinks_resolve_inside_the_sandbox(tmp_path: 
     target = str(tmp_path / "link" / "secrets" / "token")
     assert sandbox.resolve_target(target) == str(tmp_path / "real" / "secrets" / "token")
     assert sandbox.resolve_target("/checkpoints") == "/checkpoints"
+
+
+def test_an_environment_kept_under_tmp_is_bound_into_pods(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pods get a private /tmp; the environment their commands come from must still be there.
+    venv, sources = tmp_path / "venv", tmp_path / "venv" / "lib"
+    sources.mkdir(parents=True)
+    monkeypatch.setattr(sandbox.sys, "prefix", str(venv))
+    monkeypatch.setattr(sandbox.sys, "path", [str(sources), "/usr/lib/python3"])
+    binds = sandbox.own_paths_under_tmp()
+    assert [(m.source, m.target, m.read_only) for m in binds] == [(venv, str(venv), True)]

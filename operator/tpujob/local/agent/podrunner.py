@@ -30,6 +30,7 @@ class PodRunner:
         self.lookups = lookups
         self.hosts_file = root / "hosts"
         self.root_entries = sandbox.host_root_entries()
+        self.runtime_binds = sandbox.own_paths_under_tmp()
         self._used: set[int] = set()
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,8 @@ class PodRunner:
             netns=rt.netns, hostname=hostname[:63], hosts_file=self.hosts_file,
             tmp_dir=rt.directory / "tmp", termination_file=c.termination_file,
             termination_path=spec.get("terminationMessagePath", DEFAULT_TERMINATION_PATH),
-            mounts=mounts, working_dir=spec.get("workingDir"), argv=argv,
+            mounts=[*self.runtime_binds, *mounts], working_dir=spec.get("workingDir"),
+            argv=argv,
             root_entries=self.root_entries)
         c.start(full, env, now=now)
 

@@ -258,6 +258,22 @@ def resolve_target(target: str) -> str:
     return str(Path(os.path.realpath(existing)) / path.relative_to(existing))
 
 
+def own_paths_under_tmp() -> list[Mount]:
+    """Read-only binds for this Python environment when it lives under /tmp.
+
+    Pods get a private /tmp, which would hide a virtual environment (or an editable install's
+    sources) kept there; the commands pods run come from this environment.
+    """
+    candidates = {Path(sys.prefix).resolve(), *(Path(p).resolve() for p in sys.path if p)}
+    tmp = Path("/tmp")
+    under = sorted(p for p in candidates if p.is_relative_to(tmp) and p != tmp and p.is_dir())
+    kept: list[Path] = []
+    for path in under:
+        if not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return [Mount(p, str(p), read_only=True) for p in kept]
+
+
 def bwrap_argv(*, netns: str, hostname: str, hosts_file: Path, tmp_dir: Path,
                termination_file: Path, termination_path: str, mounts: list[Mount],
                working_dir: str | None, argv: list[str],
