@@ -92,7 +92,7 @@ class PodRunner:
             netns=rt.netns, hostname=hostname[:63], hosts_file=self.hosts_file,
             tmp_dir=rt.directory / "tmp", termination_file=c.termination_file,
             termination_path=spec.get("terminationMessagePath", DEFAULT_TERMINATION_PATH),
-            mounts=[*self.runtime_binds, *mounts], working_dir=spec.get("workingDir"),
+            mounts=[*mounts, *self.runtime_binds], working_dir=spec.get("workingDir"),
             argv=argv,
             root_entries=self.root_entries)
         c.start(full, env, now=now)

@@ -262,7 +262,8 @@ def own_paths_under_tmp() -> list[Mount]:
     """Read-only binds for this Python environment when it lives under /tmp.
 
     Pods get a private /tmp, which would hide a virtual environment (or an editable install's
-    sources) kept there; the commands pods run come from this environment.
+    sources) kept there; the commands pods run come from this environment. They are mounted
+    after the pod's own volumes, so an emptyDir at /tmp does not hide them either.
     """
     candidates = {Path(sys.prefix).resolve(), *(Path(p).resolve() for p in sys.path if p)}
     tmp = Path("/tmp")
