@@ -158,8 +158,20 @@ class Stamps:
         self._stop = True
 
 
-def diagnosis_latency(bench: Bench, repeats: int) -> dict[str, Any]:
-    runs = [one_latency_run(bench, i) for i in range(repeats)]
+def attempts(run: Callable[[int], tuple[float, float]], repeats: int,
+             errors: list[str]) -> list[tuple[float, float]]:
+    """Repeat a measurement; a run that fails is reported, not allowed to end the benchmark."""
+    results = []
+    for i in range(repeats):
+        try:
+            results.append(run(i))
+        except Exception as err:
+            errors.append(f"{getattr(run, '__name__', 'run')} #{i}: {err!r}")
+    return results
+
+
+def diagnosis_latency(bench: Bench, repeats: int, errors: list[str]) -> dict[str, Any]:
+    runs = attempts(lambda i: one_latency_run(bench, i), repeats, errors)
     return summary("pod Failed -> FailureDiagnosed Event (s)", [r[0] for r in runs],
                    "pod Failed -> Job controller Failed condition (s)", [r[1] for r in runs])
 
@@ -188,14 +200,15 @@ def one_latency_run(bench: Bench, i: int) -> tuple[float, float]:
     return events.times["fatal"] - first_pod, jobs.times["plain"] - plain_pod
 
 
-def node_loss(bench: Bench, repeats: int) -> dict[str, Any]:
-    runs = [one_node_loss_run(bench, i) for i in range(repeats)]
+def node_loss(bench: Bench, repeats: int, errors: list[str]) -> dict[str, Any]:
+    runs = attempts(lambda i: one_node_loss_run(bench, i), repeats, errors)
     return summary("node NotReady -> replacement slice Running (s)", [r[0] for r in runs],
                    "node NotReady -> Deployment replacement Running (s)", [r[1] for r in runs])
 
 
 def one_node_loss_run(bench: Bench, i: int) -> tuple[float, float]:
     ns = bench.namespace(f"nodeloss-{i}")
+    bench.heal_all()
     bench.job(ns, "train", steps=100000, args=[])
     until(lambda: bench.status(ns, "train").get("phase") == "Running"
           and (bench.status(ns, "train").get("progress") or {}).get("step", 0) > 5, 180)
@@ -236,6 +249,11 @@ def one_node_loss_run(bench: Bench, i: int) -> tuple[float, float]:
         if "baseline" not in done and replaced("app=web", None):
             done["baseline"] = time.monotonic()
         time.sleep(0.1)
+    if len(done) < 2:
+        status = bench.status(ns, "train")
+        raise TimeoutError(f"replacement not seen ({sorted(done)}); job phase "
+                           f"{status.get('phase')} attempt {status.get('attempt')}: "
+                           f"{(status.get('lastFailure') or {}).get('summary')}")
     bench.core.delete_namespace(ns)
     bench.heal_all()
     return done["ours"] - not_ready, done["baseline"] - not_ready
@@ -283,6 +301,8 @@ def one_goodput_run(bench: Bench, label: str, minutes: float,
 
 
 def summary(name: str, ours: list[float], base_name: str, base: list[float]) -> dict[str, Any]:
+    if not ours or not base:
+        return {"metric": name, "runs": ours, "baseline_metric": base_name, "baseline_runs": base}
     return {"metric": name, "runs": [round(x, 3) for x in ours],
             "median": round(statistics.median(ours), 3),
             "baseline_metric": base_name, "baseline_runs": [round(x, 3) for x in base],
@@ -298,13 +318,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "recovery.json")
     args = parser.parse_args()
     bench = Bench(Path(tempfile.mkdtemp(prefix="tpujob-bench-cluster-")))
+    errors: list[str] = []
+    report: dict[str, Any] = {"machine_cores": os.cpu_count(), "errors": errors}
     try:
-        report = {
-            "machine_cores": os.cpu_count(),
-            "diagnosis_latency": diagnosis_latency(bench, args.repeats),
-            "node_loss": node_loss(bench, args.repeats),
-            "goodput": goodput(bench, args.minutes, args.fault_every),
-        }
+        report["diagnosis_latency"] = diagnosis_latency(bench, args.repeats, errors)
+        report["node_loss"] = node_loss(bench, args.repeats, errors)
+        try:
+            report["goodput"] = goodput(bench, args.minutes, args.fault_every)
+        except Exception as err:
+            errors.append(f"goodput: {err!r}")
     finally:
         bench.close()
     args.out.write_text(json.dumps(report, indent=2) + "\n")
