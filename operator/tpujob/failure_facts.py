@@ -91,19 +91,31 @@ def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: dat
     return None
 
 
+# Until an attempt's first heartbeat, start-up (joining the job, restoring, compiling the first
+# step) may take this many stall timeouts before it counts as a hang.
+STARTUP_TIMEOUTS = 2
+
+
 def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
              launched_at: datetime | None, timeout: float) -> dx.HeartbeatFacts | None:
-    """A heartbeat older than the stall timeout while every worker runs is a hang."""
+    """A heartbeat older than the stall timeout while every worker runs is a hang.
+
+    Before this attempt's first beat the clock starts when the last worker started running,
+    and start-up gets STARTUP_TIMEOUTS stall timeouts.
+    """
     if not pods or launched_at is None or not all(p.running for p in pods):
         return None
     beat = obs.heartbeat
-    renewed = beat.renewed if beat is not None else None
-    # Before the attempt's first beat, count from the launch (start-up and compile time).
-    since = max(t for t in (renewed, launched_at) if t is not None)
+    attempt = obs.job.status.attempt
+    if beat is not None and beat.attempt == attempt and beat.renewed is not None:
+        since, limit = beat.renewed, timeout
+    else:
+        started = [p.running_since for p in pods if p.running_since is not None]
+        since, limit = max([launched_at, *started]), timeout * STARTUP_TIMEOUTS
     seconds = (now - since).total_seconds()
-    if seconds <= timeout:
+    if seconds <= limit:
         return None
-    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=timeout,
+    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=limit,
                              step=beat.step if beat is not None else None)
 
 

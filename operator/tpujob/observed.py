@@ -49,6 +49,7 @@ class PodView:
     created: datetime | None
     deleting_since: datetime | None = None
     running: bool = False
+    running_since: datetime | None = None
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
@@ -73,11 +74,16 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
     pod_labels = meta.get("labels") or {}
     terminated: Mapping[str, Any] = {}
     running = False
+    running_since: datetime | None = None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if "terminated" in state:
             terminated = state["terminated"]
-        running = running or "running" in state
+        if "running" in state:
+            running = True
+            since = parse_time(state["running"].get("startedAt"))
+            if since is not None and (running_since is None or since > running_since):
+                running_since = since
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     disruption = conditions.get("DisruptionTarget")
     scheduled = conditions.get("PodScheduled")
@@ -92,7 +98,7 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         node=spec.get("nodeName"), phase=status.get("phase") or "Pending",
         created=parse_time(meta.get("creationTimestamp")),
         deleting_since=parse_time(meta.get("deletionTimestamp")),
-        running=running,
+        running=running, running_since=running_since,
         exit_code=_int(terminated.get("exitCode")),
         signal=_int(terminated.get("signal")),
         reason=terminated.get("reason"),

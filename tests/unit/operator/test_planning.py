@@ -289,3 +289,12 @@ def test_a_peer_lost_echo_waits_briefly_for_the_root_cause() -> None:
     # When the root never shows up, the echo is diagnosed after the window.
     pods[1] = pod(job, 1, 0, 1)
     assert plan(observed(job, pods), now=at(13.5)).status.attempt == 2
+
+
+def test_start_up_gets_longer_than_a_stall_before_the_first_beat() -> None:
+    job = job_body(status=running_status(), recovery={"stallTimeoutSeconds": 30})
+    old_beat = lease(renewed=-100, step=40, attempt=0)  # from an earlier attempt
+    starting = plan(observed(job, two_workers(job), heartbeat=old_beat), now=at(45))
+    assert starting.status.attempt == 1
+    hung = plan(observed(job, two_workers(job), heartbeat=old_beat), now=at(61))
+    assert hung.status.attempt == 2
