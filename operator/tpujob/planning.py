@@ -129,6 +129,15 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
     return blocking
 
 
+def attempt_settings(job: TPUTrainingJob, pools: dict[int, str],
+                     planner: PlannerSettings) -> manifests.AttemptSettings:
+    """How the current attempt's pods are wired, the same at launch and when one is re-created."""
+    return manifests.AttemptSettings(
+        attempt=job.status.attempt, pools=pools, bad_nodes=bad_nodes(job),
+        collective_timeout_seconds=job.status.current_attempt.collective_timeout_seconds
+        or planner.collective_timeout_seconds)
+
+
 def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
             planner: PlannerSettings) -> None:
     job, now = obs.job, draft.now
@@ -139,12 +148,8 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
     if blocking:
         draft.requeue(1.0)
         return
-    bad = bad_nodes(job)
-    pools = choose_pools(obs, pools_of(current), bad)
-    settings = manifests.AttemptSettings(
-        attempt=job.status.attempt, pools=pools, bad_nodes=bad,
-        collective_timeout_seconds=current.collective_timeout_seconds
-        or planner.collective_timeout_seconds)
+    pools = choose_pools(obs, pools_of(current), bad_nodes(job))
+    settings = attempt_settings(job, pools, planner)
     draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
                      *manifests.heartbeat_rbac(job), *manifests.attempt_pods(job, settings)]
     draft.update(current_attempt=current.model_copy(update={
@@ -163,10 +168,11 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
         return
     _record_progress(obs, draft)
     pods = obs.attempt_pods(job.status.attempt)
-    expected = manifests.attempt_pods(job, manifests.AttemptSettings(
-        attempt=job.status.attempt, pools=pools_of(current)))
+    tpu = job.spec.tpu
+    expected = tpu.slices * tpu.hosts_per_slice
     present = {p.name for p in pods}
-    missing = [m for m in expected if m["metadata"]["name"] not in present]
+    missing = [(s, w) for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)
+               if manifests.pod_name(job.name, job.status.attempt, s, w) not in present]
     if not missing and all(p.phase == "Succeeded" for p in pods):
         _succeeded(draft)
         return
@@ -177,9 +183,11 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
         handle_failure(obs, draft, trouble, settings)
         return
     if missing:  # created by a reconcile that did not finish, or removed by someone
+        wiring = attempt_settings(job, pools_of(current), settings)
         draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
-                         *manifests.heartbeat_rbac(job), *missing]
-    _watch_health(obs, draft, pods, expected_count=len(expected))
+                         *manifests.heartbeat_rbac(job),
+                         *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing)]
+    _watch_health(obs, draft, pods, expected_count=expected)
 
 
 def _record_progress(obs: Observed, draft: Draft) -> None:

@@ -27,6 +27,10 @@ class FailureClass(enum.StrEnum):
     FATAL = "fatal"
     """Fail the job now: retrying cannot help (configuration or user code errors)."""
 
+    @property
+    def retrying(self) -> bool:
+        return self is not FailureClass.FATAL
+
 
 class BadNodeAction(enum.StrEnum):
     """What the operator does to a node blamed for a hard failure."""

@@ -10,18 +10,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from tpujob.api.enums import FailureClass
 
-class FailureClass(enum.StrEnum):
-    """How a failure is handled; the order is the order of severity."""
-
-    SOFT = "soft"  # restart in place from the last checkpoint
-    MEDIUM = "medium"  # restart with an adjusted retry (backoff, longer timeouts)
-    HARD = "hard"  # isolate the node or slice and reschedule elsewhere
-    FATAL = "fatal"  # fail now: no retry can fix it
-
-    @property
-    def retrying(self) -> bool:
-        return self is not FailureClass.FATAL
+# One enum of classes for the API and the diagnosis; re-exported here for the engine.
+__all__ = ["FailureClass"]
 
 
 class FailureCode(enum.StrEnum):

@@ -21,6 +21,7 @@ from kubernetes import client, config
 
 from tpujob.local import network
 from tpujob.local.agent.agent import fault_path, read_faults
+from tpujob.local.agent.runtime import container_main_pid
 from tpujob.local.controlplane import ClusterState
 from tpujob.local.processes import ComponentError, process_start_time
 
@@ -59,28 +60,11 @@ def kill_pod(state_dir: Path, pod: PodRecord, sig: int = signal.SIGKILL) -> int:
         data = json.loads(pid_file.read_text())
         if process_start_time(int(data["pid"])) != data.get("start"):
             continue
-        os.kill(_main_pid(int(data["pid"])), sig)
+        os.kill(container_main_pid(int(data["pid"])), sig)
         count += 1
     if count == 0:
         raise ComponentError(f"pod {pod.namespace}/{pod.name} has no running process")
     return count
-
-
-def _main_pid(wrapper: int) -> int:
-    """The container command under `ip netns exec` and `bwrap`."""
-    pid = wrapper
-    for _ in range(3):
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return pid
-        if not children:
-            return pid
-        pid = int(children[0])
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        if comm not in ("bwrap", "ip"):
-            return pid
-    return pid
 
 
 def set_node_fault(state_dir: Path, node: str, **changes: bool) -> None:

@@ -86,22 +86,8 @@ class ContainerRuntime:
         return self.proc is not None and self.terminated is None
 
     def main_pid(self) -> int | None:
-        """The container command's pid: the wrapper's only child, once it has started it."""
-        if self.proc is None:
-            return None
-        pid = self.proc.pid
-        for _ in range(3):  # ip netns exec -> bwrap -> command
-            try:
-                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            except OSError:
-                return pid
-            if not children:
-                return pid
-            exe = _comm(int(children[0]))
-            pid = int(children[0])
-            if exe not in ("bwrap", "ip"):
-                return pid
-        return pid
+        """The container command's pid, once the wrapper has started it."""
+        return None if self.proc is None else container_main_pid(self.proc.pid)
 
     def signal(self, sig: int) -> None:
         pid = self.main_pid()
@@ -155,6 +141,22 @@ class ContainerRuntime:
         if not message and exit_code != 0 and self.termination_policy == "FallbackToLogsOnError":
             message = log_tail(self.log_path)
         return Terminated(exit_code, reason, message, self.started_at, now, sig)
+
+
+def container_main_pid(wrapper: int) -> int:
+    """The command under `ip netns exec` (which execs bwrap) and bwrap's single child."""
+    pid = wrapper
+    for _ in range(3):
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if not children:
+            return pid
+        pid = int(children[0])
+        if _comm(pid) not in ("bwrap", "ip"):
+            return pid
+    return pid
 
 
 def _comm(pid: int) -> str:
