@@ -298,3 +298,19 @@ def test_start_up_gets_longer_than_a_stall_before_the_first_beat() -> None:
     assert starting.status.attempt == 1
     hung = plan(observed(job, two_workers(job), heartbeat=old_beat), now=at(61))
     assert hung.status.attempt == 2
+
+
+def test_a_missing_pod_is_recreated_wired_like_its_attempt() -> None:
+    status = {**running_status(attempt=2, pools=("pool-1",)),
+              "failedNodes": [{"name": "pool-0-w1"}]}
+    status["currentAttempt"]["collectiveTimeoutSeconds"] = 120
+    job = job_body(status=status)
+    result = plan(observed(job, [pod(job, 2, 0, 0, node_name="pool-1-w0")]), now=at(5))
+    pods = [o for o in result.create if o["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["train-2-0-1"]
+    spec = pods[0]["spec"]
+    assert spec["nodeSelector"][labels.NODEPOOL] == "pool-1"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["pool-0-w1"]
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env[contract.ENV_COLLECTIVE_TIMEOUT] == "120"
