@@ -39,16 +39,20 @@ finish() {
 }
 trap finish EXIT
 
-# Polls until a command prints a number >= the wanted one; kubectl wait cannot compare numbers.
-wait_at_least() {
-  local want=$1 timeout=$2 what=$3 got
-  shift 3
+# Polls until a command's output passes a test: `-ge N` (a number at least N) or `= TEXT`.
+# `kubectl wait` is not used on the job: it cannot compare numbers, and on a freshly created
+# object `--for=jsonpath` can fail at once because the field does not exist yet.
+wait_until() {
+  local op=$1 want=$2 timeout=$3 what=$4 got
+  shift 4
   for ((waited = 0; waited < timeout; waited += 5)); do
     got=$("$@" || true)
-    if [[ ${got:-0} -ge $want ]]; then return 0; fi
+    if [[ $op == -ge && ${got:-0} -ge $want ]] || [[ $op == = && $got == "$want" ]]; then
+      return 0
+    fi
     sleep 5
   done
-  echo "timed out after ${timeout}s waiting for $what >= $want (last: ${got:-none})" >&2
+  echo "timed out after ${timeout}s waiting for $what $op $want (last: ${got:-none})" >&2
   return 1
 }
 
@@ -75,8 +79,8 @@ helm install tpujob-operator charts/tpujob-operator --namespace tpujob-system --
 
 step "run job $job and wait until it trains"
 kubectl apply -f hack/kind-job.yaml
-kubectl wait "tpujob/$job" --for=jsonpath='{.status.phase}'=Running --timeout=10m
-wait_at_least 10 300 "training step" \
+wait_until = Running 600 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
+wait_until -ge 10 300 "training step" \
   kubectl get "tpujob/$job" -o jsonpath='{.status.progress.step}'
 
 step "stop the node container of one trainer pod (not the operator's node)"
@@ -89,10 +93,10 @@ echo "stopping $victim"
 docker stop "$victim"
 
 step "wait for the hard-failure recovery and the end of training"
-wait_at_least 1 600 "hard restarts" \
+wait_until -ge 1 600 "hard restarts" \
   kubectl get "tpujob/$job" -o jsonpath='{.status.restarts.hard}'
-kubectl wait "tpujob/$job" --for=jsonpath='{.status.phase}'=Running --timeout=10m
-kubectl wait "tpujob/$job" --for=jsonpath='{.status.phase}'=Succeeded --timeout=20m
+wait_until = Running 600 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
+wait_until = Succeeded 1200 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
 kubectl get "tpujob/$job" -o wide
 kubectl get "tpujob/$job" -o jsonpath='{.status.lastFailure}{"\n"}'
 echo "e2e-kind passed: $job recovered from losing $victim and succeeded"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -81,8 +82,37 @@ def core(cluster: LocalCluster) -> client.CoreV1Api:
 @pytest.fixture(scope="session")
 def crds_installed(cluster: LocalCluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
-                    str(ROOT / "crds"))
+    wait_established(cluster, crd_names(ROOT / "crds"))
+
+
+def crd_names(folder: Path) -> list[str]:
+    """The names of the CustomResourceDefinitions in the YAML files of `folder`."""
+    names = []
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                names.append(doc["metadata"]["name"])
+    return names
+
+
+def wait_established(cluster: LocalCluster, names: list[str], timeout: float = 60) -> None:
+    """Poll until every named CRD has the condition Established=True.
+
+    `kubectl wait --for=condition=...` fails at once, instead of waiting, when it reads an
+    object whose `status.conditions` does not exist yet, which is the case right after a create.
+    """
+    api = client.ApiextensionsV1Api(cluster.api_client())
+
+    def established(name: str) -> bool:
+        try:
+            crd = api.read_custom_resource_definition(name)
+        except ApiException:
+            return False
+        return any(c.type == "Established" and c.status == "True"
+                   for c in (crd.status.conditions if crd.status else None) or [])
+
+    for name in names:
+        wait_for(lambda n=name: established(n), timeout=timeout, what=f"CRD {name} Established")
 
 
 @pytest.fixture

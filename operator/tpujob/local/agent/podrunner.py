@@ -107,8 +107,12 @@ class PodRunner:
         if rt.netns:
             network.delete_pod_network(self.net, rt.uid)
             rt.netns = ""
+        # Free the address once: a pod that finished releases it here, and its later removal
+        # from the API must not free it again, by then it may belong to a newer pod, and two
+        # pods on one address break each other's connections.
         with self._lock:
             self._used.discard(rt.ip_index)
+            rt.ip_index = -1
 
     def remove(self, rt: PodRuntime) -> None:
         self.release_network(rt)
