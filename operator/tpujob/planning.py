@@ -178,7 +178,7 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
         return
     trouble = find_trouble(obs, job.status.attempt, now=now, launched_at=current.launched_time,
                            stall_timeout=job.spec.recovery.stall_timeout_seconds,
-                           last_step=job.status.progress.step if job.status.progress else None)
+                           last_step=own_step(obs))
     if trouble is not None:
         handle_failure(obs, draft, trouble, settings)
         return
@@ -188,6 +188,19 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
                          *manifests.heartbeat_rbac(job),
                          *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing)]
     _watch_health(obs, draft, pods, expected_count=expected)
+
+
+def own_step(obs: Observed) -> int | None:
+    """The last step the current attempt itself reported, None before its first heartbeat.
+
+    `status.progress` may still hold the previous attempt's step; a failure stamped with it
+    would look like "the same failure at the same step" to the repeat guard, and a transient
+    fault during a restore would end the job as deterministic.
+    """
+    beat = obs.heartbeat
+    if beat is None or beat.attempt != obs.job.status.attempt:
+        return None
+    return beat.step
 
 
 def _record_progress(obs: Observed, draft: Draft) -> None:

@@ -261,3 +261,32 @@ def test_deployment_pod_uses_its_service_account_with_rbac_enforced(
     text = wait_for(log_lines, timeout=90, what="in-cluster client output")
     assert "pods: 1" in text
     assert "secrets: 403" in text
+
+
+def test_a_finished_pods_address_goes_to_one_new_pod_only(
+        core: client.CoreV1Api, namespace: str) -> None:
+    # A finished pod gives its address back when its containers end; deleting it later from
+    # the API must not give the address back a second time, while a newer pod holds it.
+    core.create_namespaced_pod(namespace, pod_manifest("done", ["true"]))
+    wait_for(lambda: phase_of(core, namespace, "done") == "Succeeded", timeout=60,
+             what="Succeeded")
+    freed = core.read_namespaced_pod("done", namespace).status.pod_ip
+
+    def running_ip(name: str) -> str | None:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod.status.pod_ip if pod.status.phase == "Running" else None
+
+    holder = None
+    for i in range(8):  # pods created elsewhere meanwhile may take it first
+        core.create_namespaced_pod(namespace, pod_manifest(f"holder-{i}", ["sleep", "300"]))
+        ip = wait_for(lambda n=f"holder-{i}": running_ip(n), timeout=60, what="Running")
+        if ip == freed:
+            holder = f"holder-{i}"
+            break
+    assert holder is not None, f"no new pod was given the freed address {freed}"
+    core.delete_namespaced_pod("done", namespace)
+    wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace).items
+                          if p.metadata.name == "done"], timeout=60, what="done deleted")
+    core.create_namespaced_pod(namespace, pod_manifest("after", ["sleep", "300"]))
+    after = wait_for(lambda: running_ip("after"), timeout=60, what="Running")
+    assert after != freed, f"pods {holder} and after share the address {freed}"

@@ -314,3 +314,23 @@ def test_a_missing_pod_is_recreated_wired_like_its_attempt() -> None:
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["pool-0-w1"]
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
     assert env[contract.ENV_COLLECTIVE_TIMEOUT] == "120"
+
+
+def test_a_failure_before_the_new_attempts_first_beat_is_not_a_repeat_at_the_old_step() -> None:
+    # The Lease still carries attempt 1's last step while attempt 2 restores: a failure then
+    # has no step of its own and must not match attempt 1's failure at that step.
+    log = "jax.errors.JaxRuntimeError: INTERNAL: Failed to deserialize executable"
+    first_job = job_body(status=running_status(progress={"step": 30}))
+    stale_beat = lease(renewed=15, step=30, attempt=1)
+    first = plan(observed(first_job, two_workers(first_job, phase="Failed", exit_code=1,
+                                                 message=log), heartbeat=stale_beat), now=at(20))
+    assert first.status.phase is Phase.RECOVERING
+    assert first.status.last_failure is not None
+    second_status = first.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    second_status["currentAttempt"]["launchedTime"] = "2026-01-01T12:00:30Z"
+    second_job = job_body(status=second_status)
+    pods = [pod(second_job, 2, 0, 0), pod(second_job, 2, 0, 1, phase="Failed", exit_code=1,
+                                          message=log)]
+    second = plan(observed(second_job, pods, heartbeat=stale_beat), now=at(60))
+    assert second.status.phase is Phase.RECOVERING, second.status.last_failure
+    assert second.status.attempt == 3
