@@ -5,6 +5,7 @@ Pure. Pods are created directly (not through a Job or JobSet): the operator rest
 gang at once, picks the node pool of each slice per attempt, keeps pods off nodes the job
 blamed, and force-deletes pods stuck on lost nodes, none of which a Job controller offers.
 Pod names carry the attempt, so pods of two attempts never share a name or a DNS name.
+Trainer pods pass Pod Security `restricted` by default (see `tpujob.pod_security`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpujob import contract, labels
+from tpujob import contract, labels, pod_security
 from tpujob.api import TPUTrainingJob
 
 DEFAULT_GRACE_SECONDS = 30
@@ -131,6 +132,8 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [{"name": "coordinator", "containerPort": labels.JAX_COORDINATOR_PORT}],
+        "securityContext": pod_security.container_security_context(trainer.security),
+        "volumeMounts": [pod_security.scratch_mount()],
     }
     if trainer.command:
         container["command"] = list(trainer.command)
@@ -140,11 +143,13 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         "restartPolicy": "Never",
         "hostname": name, "subdomain": service_name(job),
         "serviceAccountName": trainer_service_account(job),
+        "securityContext": pod_security.pod_security_context(trainer.security),
         "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
         "nodeSelector": {labels.ACCELERATOR: tpu.accelerator, labels.TOPOLOGY: tpu.topology},
         "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists",
                          "effect": "NoSchedule"}],
         "containers": [container],
+        "volumes": [pod_security.scratch_volume()],
     }
     if pool := settings.pools.get(slice_index):
         spec["nodeSelector"][labels.NODEPOOL] = pool
@@ -155,8 +160,8 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         source: dict[str, Any] = (
             {"persistentVolumeClaim": {"claimName": volume.claim_name}} if volume.claim_name
             else {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}})
-        spec["volumes"] = [{"name": "checkpoints", **source}]
-        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": volume.mount_path}]
+        spec["volumes"].append({"name": "checkpoints", **source})
+        container["volumeMounts"].append({"name": "checkpoints", "mountPath": volume.mount_path})
     extra = {labels.ATTEMPT: str(settings.attempt), labels.SLICE: str(slice_index),
              labels.WORKER: str(worker)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}

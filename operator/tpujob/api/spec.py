@@ -22,6 +22,8 @@ DEFAULT_CHECKPOINT_KEEP = 3
 DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
 CHECKPOINT_URI_PATTERN = r"^(gs|s3|file)://[^\s]+$"
 ABSOLUTE_PATH_PATTERN = r"^/[^\s]*$"
+# Every trainer pod mounts an emptyDir here for scratch (its root filesystem is read-only).
+SCRATCH_MOUNT_PATH = "/tmp"
 
 
 def _immutable(what: str) -> JsonDict:
@@ -116,7 +118,13 @@ class CheckpointVolume(SpecModel):
             cel(
                 "has(self.claimName) != has(self.hostPath)",
                 "set exactly one of claimName or hostPath",
-            )
+            ),
+            cel(
+                f"!has(self.mountPath) || self.mountPath != {SCRATCH_MOUNT_PATH!r}",
+                f"{SCRATCH_MOUNT_PATH} is the trainer's scratch emptyDir; mount checkpoints "
+                "elsewhere",
+                field_path=".mountPath",
+            ),
         )
     )
 
@@ -128,7 +136,10 @@ class CheckpointVolume(SpecModel):
         default=None,
         max_length=c.MAX_URI_LENGTH,
         pattern=ABSOLUTE_PATH_PATTERN,
-        description="Absolute path on each node (single-machine and test clusters).",
+        description=(
+            "Absolute path on each node (single-machine and test clusters). Refused at "
+            "admission unless it lies under a prefix of the operator chart's hostPathPrefixes."
+        ),
     )
     mount_path: str = Field(
         default=DEFAULT_CHECKPOINT_MOUNT_PATH,
@@ -142,6 +153,16 @@ class CheckpointVolume(SpecModel):
         if (self.claim_name is None) == (self.host_path is None):
             raise ValueError("set exactly one of claimName or hostPath")
         return self
+
+    @field_validator("mount_path")
+    @classmethod
+    def _not_scratch(cls, path: str) -> str:
+        if path == SCRATCH_MOUNT_PATH:
+            raise ValueError(
+                f"{SCRATCH_MOUNT_PATH} is the trainer's scratch emptyDir; mount checkpoints "
+                "elsewhere"
+            )
+        return path
 
 
 class CheckpointSpec(SpecModel):

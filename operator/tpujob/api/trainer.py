@@ -1,11 +1,15 @@
-"""spec.trainer: what runs on every TPU host (image, command, env, host resources).
+"""spec.trainer: what runs on every TPU host (image, command, env, host resources, security).
 
 Part of the API layer (pydantic only). Env entries use the Kubernetes EnvVar shape so that
 `valueFrom` (secrets, config maps, the downward API) passes through to the pods unchanged.
+`security` is deliberately not a Kubernetes SecurityContext: it starts from what Pod Security
+`restricted` demands and names only the few things a trainer may need to relax; whatever it
+relaxes is still judged by the namespace's Pod Security level when the pods are created.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -14,6 +18,9 @@ from tpujob.api import constants as c
 from tpujob.api.base import DnsSubdomain, Quantity, SpecModel, cel, validations
 
 RESERVED_ENV_PREFIX = "TPUJOB_"
+# The user of the reference trainer images (trainer_image/Dockerfile*: `useradd --uid 1000`).
+REFERENCE_IMAGE_UID = 1000
+MAX_CAPABILITIES = 16
 
 Arg = Annotated[str, Field(max_length=c.MAX_ARG_LENGTH)]
 
@@ -82,6 +89,84 @@ class HostResources(SpecModel):
     )
 
 
+class SeccompProfile(enum.StrEnum):
+    """The seccomp profiles a trainer may run under (Localhost profiles are node-specific)."""
+
+    RUNTIME_DEFAULT = "RuntimeDefault"
+    UNCONFINED = "Unconfined"
+
+
+Capability = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Z][A-Z_]*$")]
+
+
+class TrainerSecurity(SpecModel):
+    """How the trainer container runs. The defaults pass Pod Security `restricted`."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!has(self.runAsUser) || self.runAsUser != 0 || "
+                "(has(self.allowRoot) && self.allowRoot)",
+                "runAsUser 0 is root; set allowRoot to run the trainer as root",
+                field_path=".runAsUser",
+            ),
+        )
+    )
+
+    run_as_user: int = Field(
+        default=REFERENCE_IMAGE_UID,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "UID of the trainer's processes; 1000 is the user of the reference trainer images."
+        ),
+    )
+    run_as_group: int = Field(
+        default=REFERENCE_IMAGE_UID, ge=0, le=2**31 - 1, description="GID of the processes."
+    )
+    fs_group: int = Field(
+        default=REFERENCE_IMAGE_UID,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "Group that owns volumes which support ownership management (persistent disks), "
+            "so a non-root trainer can write its checkpoints."
+        ),
+    )
+    allow_root: bool = Field(
+        default=False,
+        description=(
+            "Let the image run as root (runAsNonRoot false). Pod Security restricted refuses it."
+        ),
+    )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description=(
+            "Mount the image read-only; /tmp is an emptyDir either way. False for trainers "
+            "that write into their image."
+        ),
+    )
+    add_capabilities: tuple[Capability, ...] = Field(
+        default=(),
+        max_length=MAX_CAPABILITIES,
+        description=(
+            "Linux capabilities added back after dropping all (e.g. IPC_LOCK). Pod Security "
+            "restricted allows only NET_BIND_SERVICE."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    seccomp_profile: SeccompProfile = Field(
+        default=SeccompProfile.RUNTIME_DEFAULT,
+        description="Seccomp profile of the pod; restricted allows RuntimeDefault only here.",
+    )
+
+    @model_validator(mode="after")
+    def _root_is_explicit(self) -> TrainerSecurity:
+        if self.run_as_user == 0 and not self.allow_root:
+            raise ValueError("runAsUser 0 is root; set allowRoot to run the trainer as root")
+        return self
+
+
 class TrainerSpec(SpecModel):
     """The trainer container run on every host of every slice."""
 
@@ -122,6 +207,14 @@ class TrainerSpec(SpecModel):
         default=None,
         ge=1,
         description="Steps the run is expected to take, for progress reporting.",
+    )
+    security: TrainerSecurity = Field(
+        default_factory=TrainerSecurity,
+        description=(
+            "User, groups, root filesystem and capabilities of the trainer. The defaults pass "
+            "Pod Security restricted; relaxing them is judged by the namespace's level."
+        ),
+        json_schema_extra={"default": {}},
     )
 
     @field_validator("env")
