@@ -2,9 +2,10 @@
 
 A job's daemon reconciles it in a loop, so reconciles of one job never overlap; it sleeps until
 the planner's requeue time or until an event about the job's pods, its heartbeat Lease or any
-node wakes it. Typed errors are translated here: a ConflictError means "redo now on fresh data",
-other API errors are retried after a short pause. `register` applies the decorators to a
-registry it is given, so importing this module has no side effects.
+node wakes it. Errors are translated here (`retry_delay`): a ConflictError means "redo soon on
+fresh data", an unreachable apiserver is retried in about a second, anything else backs off.
+`register` applies the decorators to a registry it is given, so importing this module has no
+side effects.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,9 +22,25 @@ import kopf
 from tpujob import labels
 from tpujob.api import GROUP, PLURAL, VERSION
 from tpujob.controller import Deps, reconcile
-from tpujob.kube.errors import ConflictError, KubeError
+from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 
 ERROR_RETRY_SECONDS = 2.0
+MAX_ERROR_RETRY_SECONDS = 60.0
+
+
+def retry_delay(err: Exception, failures: int, jitter: float) -> float:
+    """Seconds before a failed reconcile is redone; `jitter` is uniform in [0, 1).
+
+    A Conflict is redone at once on fresh data, after a jittered pause so that replicas or
+    handlers that raced do not race again in step. An unreachable or overloaded apiserver is
+    retried soon (it is usually back in seconds); other API errors and bugs back off
+    exponentially, so one broken job cannot spin the operator.
+    """
+    if isinstance(err, ConflictError):
+        return 0.05 + 0.45 * jitter
+    base = 1.0 if isinstance(err, UnavailableError) else ERROR_RETRY_SECONDS
+    delay: float = min(MAX_ERROR_RETRY_SECONDS, base * 2.0 ** min(failures - 1, 6))
+    return delay * (0.75 + 0.5 * jitter)
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
@@ -45,15 +63,19 @@ def register(registry: kopf.OperatorRegistry) -> None:
         assert isinstance(memo, Deps) and namespace is not None
         wake = memo.waker(namespace, name)
         try:
+            failures = 0
             while not stopped:
                 wake.clear()
                 try:
                     delay = await reconcile(memo, namespace, name)
-                except ConflictError:
-                    delay = 0.0
-                except KubeError as err:
-                    logger.warning(f"reconcile failed, retrying: {err}")
-                    delay = ERROR_RETRY_SECONDS
+                    failures = 0
+                except Exception as err:
+                    failures += 1
+                    delay = retry_delay(err, failures, random.random())
+                    if not isinstance(err, ConflictError):
+                        logger.warning(f"reconcile failed ({failures} in a row), retrying in "
+                                       f"{delay:.1f}s: {err}", exc_info=not isinstance(
+                                           err, KubeError))
                 if delay is None:
                     return
                 if delay > 0:

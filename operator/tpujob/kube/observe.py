@@ -71,10 +71,22 @@ class Reader:
             return ""  # logs are evidence, never a reason to fail a reconcile
 
 
+def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether `obj` names the object with `uid` among its owners.
+
+    Labels say which job a pod claims to belong to, and anyone who can create pods can set
+    them; only the ownerReference the operator wrote ties a pod to this incarnation of the job
+    (a job deleted and re-applied under the same name has a new uid).
+    """
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(isinstance(r, Mapping) and r.get("uid") == uid for r in refs)
+
+
 def observe(reader: Reader, body: Mapping[str, Any]) -> Observed:
     """Everything the planner needs for the job whose current body is `body`."""
     job: TPUTrainingJob = parse_job(body)
-    raw_pods = reader.pods(job.namespace, job.name)
+    uid = (body.get("metadata") or {}).get("uid")
+    raw_pods = [p for p in reader.pods(job.namespace, job.name) if owned_by(p, uid)]
     pods = tuple(pod_view(p) for p in raw_pods)
     tails = {}
     for pod in pods:
