@@ -2,19 +2,22 @@
 
 Pure. The current attempt's troubled workers become `WorkerFacts`: failed pods with their exit
 status, termination message and log tail; pods being deleted by someone else (eviction,
-preemption); pods whose node is lost, has unhealthy TPUs or is going into maintenance. The
-job's heartbeat becomes `HeartbeatFacts` when it has stalled.
+preemption); pods whose own TPU devices the kubelet reports Unhealthy; pods whose node has
+been lost, short of TPUs or going into maintenance for longer than `tpujob.node_health`'s grace.
+A node's passing trouble (a kubelet or device-plugin restart) is no failure. The job's
+heartbeat becomes `HeartbeatFacts` when it has stalled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from tpujob import contract
+from tpujob import contract, labels
 from tpujob import diagnosis as dx
 from tpujob.api import UserRule as ApiUserRule
+from tpujob.node_health import DEFAULT_HEALTH, NodeHealthSettings, NodeTrouble, Verdict, judge
 from tpujob.observed import NodeView, Observed, PodView
 
 
@@ -28,36 +31,57 @@ class Trouble:
     nodes: tuple[str, ...]
 
 
-def node_facts(node: NodeView | None, name: str, tpu_requested: int) -> dx.NodeFacts:
+def node_facts(node: NodeView | None, name: str, tpu_requested: int, *,
+               verdict: Verdict | None = None, pod: PodView | None = None) -> dx.NodeFacts:
+    """The node as the diagnosis should judge it.
+
+    With a `verdict`, trouble still within its grace is not shown: a Ready=False of two
+    seconds, or a shortfall of TPUs while the device plugin restarts, is not the cause of a
+    worker's failure.
+    """
     if node is None:
         return dx.NodeFacts(name=name, exists=False, ready="Unknown")
+    settled = verdict is None or verdict.trouble is not NodeTrouble.SUSPECT
+    shows_ready = node.ready if settled or node.ready == "True" else "True"
+    short = node.tpu_degraded and settled
     return dx.NodeFacts(
-        name=node.name, ready=node.ready, taints=tuple(k for k, _ in node.taints),
-        labels=dict(node.labels), accelerator_unhealthy=node.tpu_unhealthy,
-        tpu_allocatable=node.tpu_allocatable if node.tpu_capacity else None,
+        name=node.name, ready=shows_ready, taints=tuple(k for k, _ in node.taints),
+        labels=dict(node.labels),
+        accelerator_unhealthy=bool(pod is not None and pod.unhealthy_devices),
+        tpu_allocatable=(node.tpu_allocatable if short else node.tpu_capacity)
+        if node.tpu_capacity else None,
         tpu_requested=tpu_requested or None)
 
 
-def node_in_trouble(node: NodeView | None) -> bool:
-    return node is None or node.lost or node.tpu_degraded or node.under_maintenance
+def node_in_trouble(node: NodeView | None, *, now: datetime | None = None,
+                    settings: NodeHealthSettings = DEFAULT_HEALTH,
+                    tpu_short_since: Mapping[str, datetime] | None = None) -> bool:
+    """Whether the node fails its pods: debounced when `now` is given, else as seen now."""
+    if now is None:
+        return node is None or node.lost or node.tpu_degraded or node.under_maintenance
+    return judge(node, now=now, settings=settings, tpu_short_since=tpu_short_since).trouble.failure
 
 
-def worker_facts(obs: Observed, pod: PodView, *, step: int | None) -> dx.WorkerFacts:
+def worker_facts(obs: Observed, pod: PodView, *, step: int | None,
+                 verdict: Verdict | None = None) -> dx.WorkerFacts:
     chips = obs.job.spec.tpu.chips_per_host
     node = obs.nodes.get(pod.node) if pod.node else None
     context = []
     if pod.deleting_since is not None and not pod.terminal:
         context.append("the pod is being deleted" + (
             f" ({pod.disruption_reason})" if pod.disruption_reason else ""))
-    if node is not None and node.tpu_unhealthy_message:
-        context.append(node.tpu_unhealthy_message)
+    if pod.unhealthy_devices:
+        context.append(f"the kubelet reports {labels.TPU_RESOURCE} device(s) "
+                       f"{', '.join(pod.unhealthy_devices)} of this pod Unhealthy")
+    if verdict is not None and verdict.trouble is not NodeTrouble.NONE and verdict.reason:
+        context.append(verdict.reason)
     return dx.WorkerFacts(
         worker_index=pod.slice * obs.job.spec.tpu.hosts_per_slice + pod.worker,
         slice_index=pod.slice, pod_name=pod.name, node_name=pod.node or "",
         exit_code=pod.exit_code, signal=pod.signal, reason=pod.reason,
         message=pod.message, log_tail=obs.log_tails.get(pod.name, ""),
         context="; ".join(context), disruption=pod.disruption_reason,
-        node=node_facts(node, pod.node, chips) if pod.node else None,
+        node=node_facts(node, pod.node, chips, verdict=verdict, pod=pod) if pod.node else None,
         step=_reported_step(pod) if _reported_step(pod) is not None else step,
         finished_at=pod.finished_at or pod.deleting_since)
 
@@ -69,22 +93,27 @@ def _reported_step(pod: PodView) -> int | None:
 
 
 def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: datetime | None,
-                 stall_timeout: float, last_step: int | None) -> Trouble | None:
+                 stall_timeout: float, last_step: int | None,
+                 health: NodeHealthSettings = DEFAULT_HEALTH) -> Trouble | None:
     """The failure of `attempt`, or None while it is healthy (or still starting)."""
     pods = obs.attempt_pods(attempt)
-    troubled: list[PodView] = []
+    troubled: list[tuple[PodView, Verdict | None]] = []
     for pod in pods:
-        node = obs.nodes.get(pod.node) if pod.node else None
+        verdict = judge(obs.nodes.get(pod.node), now=now, settings=health,
+                        tpu_short_since=obs.tpu_short_since, name=pod.node) \
+            if pod.node else None
         deleted = pod.deleting_since is not None and not pod.terminal
-        lost = bool(pod.node) and not pod.terminal and node_in_trouble(node)
-        if pod.failed or deleted or lost:
-            troubled.append(pod)
+        live = bool(pod.node) and not pod.terminal
+        lost = live and verdict is not None and verdict.trouble.failure
+        chips_failed = live and bool(pod.unhealthy_devices)
+        if pod.failed or deleted or lost or chips_failed:
+            troubled.append((pod, verdict))
     if troubled:
-        workers = tuple(worker_facts(obs, p, step=last_step) for p in troubled)
+        workers = tuple(worker_facts(obs, p, step=last_step, verdict=v) for p, v in troubled)
         times = [w.finished_at for w in workers if w.finished_at is not None]
         return Trouble(dx.JobFacts(workers=workers), min(times, default=now),
-                       tuple(p.name for p in troubled),
-                       tuple(sorted({p.node for p in troubled if p.node})))
+                       tuple(p.name for p, _ in troubled),
+                       tuple(sorted({p.node for p, _ in troubled if p.node})))
     heartbeat = _stalled(obs, pods, now=now, launched_at=launched_at, timeout=stall_timeout)
     if heartbeat is not None:
         return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())

@@ -36,3 +36,8 @@ TPU_UNHEALTHY_CONDITION = "TPUUnhealthy"
 # Ports of the trainer processes.
 JAX_COORDINATOR_PORT = 8476
 MEGASCALE_PORT = 8081
+
+# GKE's notice of an upcoming host maintenance: the start, in Unix seconds.
+SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+# Taint effect the node-lifecycle controller uses once it has given up on a node.
+NO_EXECUTE = "NoExecute"

@@ -59,6 +59,10 @@ class PodView:
     disruption_reason: str | None = None
     unschedulable_message: str | None = None
     node_pool: str | None = None
+    # IDs of the worker's google.com/tpu devices the kubelet reports Unhealthy in
+    # status.containerStatuses[].allocatedResourcesStatus (KEP-4680; beta, on by default,
+    # from Kubernetes v1.36).
+    unhealthy_devices: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -109,12 +113,42 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         if (disruption or {}).get("status") == "True" else None,
         unschedulable_message=unschedulable,
         node_pool=(spec.get("nodeSelector") or {}).get(labels.NODEPOOL),
+        unhealthy_devices=unhealthy_devices(status),
     )
+
+
+def unhealthy_devices(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """google.com/tpu device IDs reported Unhealthy by any container of the pod.
+
+    Only `Unhealthy` counts: `Unknown` means the device plugin could not tell, which is no
+    evidence against the chip.
+    """
+    found: list[str] = []
+    for cs in _dicts(status.get("containerStatuses")):
+        for resource in _dicts(cs.get("allocatedResourcesStatus")):
+            if resource.get("name") != labels.TPU_RESOURCE:
+                continue
+            for device in _dicts(resource.get("resources")):
+                device_id = str(device.get("resourceID") or "")
+                if device.get("health") == "Unhealthy" and device_id not in found:
+                    found.append(device_id)
+    return tuple(found)
+
+
+def _dicts(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings in a list field of an untrusted object; anything else is ignored."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
 
 
 @dataclass(frozen=True)
 class NodeView:
-    """A node as placement and diagnosis see it."""
+    """A node as placement and diagnosis see it: what it shows now, without judging it.
+
+    `lost` and `tpu_degraded` are the immediate readings; `tpujob.node_health` decides when
+    they have lasted long enough to be a failure.
+    """
 
     name: str
     pool: str | None
@@ -125,12 +159,13 @@ class NodeView:
     labels: Mapping[str, str] = field(default_factory=dict)
     tpu_capacity: int = 0
     tpu_allocatable: int = 0
-    tpu_unhealthy: bool = False
-    tpu_unhealthy_message: str = ""
     unschedulable: bool = False
+    # lastTransitionTime of the Ready condition: since when `ready` has held.
+    ready_since: datetime | None = None
+    uid: str = ""
 
-    def has_taint(self, key: str) -> bool:
-        return any(k == key for k, _ in self.taints)
+    def has_taint(self, key: str, effect: str | None = None) -> bool:
+        return any(k == key and effect in (None, e) for k, e in self.taints)
 
     @property
     def lost(self) -> bool:
@@ -144,8 +179,13 @@ class NodeView:
 
     @property
     def tpu_degraded(self) -> bool:
-        return self.tpu_unhealthy or (self.tpu_capacity > 0 and
-                                      self.tpu_allocatable < self.tpu_capacity)
+        """Allocatable google.com/tpu below capacity: the device plugin holds chips back."""
+        return self.tpu_capacity > 0 and self.tpu_allocatable < self.tpu_capacity
+
+    @property
+    def scheduled_maintenance(self) -> str | None:
+        """GKE's scheduled-maintenance-time label (Unix seconds), unparsed."""
+        return self.labels.get(labels.SCHEDULED_MAINTENANCE_LABEL)
 
     def healthy_for(self, bad_nodes: frozenset[str]) -> bool:
         return not (self.lost or self.under_maintenance or self.tpu_degraded or
@@ -156,20 +196,21 @@ class NodeView:
 def node_view(raw: Mapping[str, Any]) -> NodeView:
     meta, spec, status = raw["metadata"], raw.get("spec") or {}, raw.get("status") or {}
     node_labels = meta.get("labels") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    tpu = conditions.get(labels.TPU_UNHEALTHY_CONDITION) or {}
+    conditions = {c.get("type"): c for c in _dicts(status.get("conditions"))}
+    ready = conditions.get("Ready") or {}
     return NodeView(
         name=meta["name"], pool=node_labels.get(labels.NODEPOOL),
         accelerator=node_labels.get(labels.ACCELERATOR),
         topology=node_labels.get(labels.TOPOLOGY),
-        ready=(conditions.get("Ready") or {}).get("status", "Unknown"),
-        taints=tuple((t.get("key", ""), t.get("effect", "")) for t in spec.get("taints") or []),
-        labels=dict(node_labels),
+        ready=str(ready.get("status", "Unknown")),
+        taints=tuple((str(t.get("key", "")), str(t.get("effect", "")))
+                     for t in _dicts(spec.get("taints"))),
+        labels={str(k): str(v) for k, v in node_labels.items()},
         tpu_capacity=_int((status.get("capacity") or {}).get(labels.TPU_RESOURCE)) or 0,
         tpu_allocatable=_int((status.get("allocatable") or {}).get(labels.TPU_RESOURCE)) or 0,
-        tpu_unhealthy=tpu.get("status") == "True",
-        tpu_unhealthy_message=str(tpu.get("message") or ""),
         unschedulable=bool(spec.get("unschedulable")),
+        ready_since=parse_time(ready.get("lastTransitionTime")),
+        uid=str(meta.get("uid") or ""),
     )
 
 
@@ -219,6 +260,10 @@ class Observed:
     # TPU chips requested on each pool by pods of other jobs (placement avoids busy pools).
     busy_pools: frozenset[str] = frozenset()
     log_tails: Mapping[str, str] = field(default_factory=dict)
+    # When this operator first saw each node's allocatable google.com/tpu below capacity
+    # (`tpujob.node_health.track_tpu_shortfall`). The node object carries no time for it.
+    # None: the caller keeps no such record, and a shortfall counts as soon as it is seen.
+    tpu_short_since: Mapping[str, datetime] | None = None
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

@@ -4,8 +4,10 @@
 * node-down / node-up NODE: the agent stops (or resumes) the node's heartbeats; its pods'
   processes die and their network is cut, as when a host crashes or loses its cable.
 * partition POD: the pod's link to the bridge goes down while its process lives on.
-* tpu-unhealthy NODE: allocatable google.com/tpu drops to 0 and a node condition says why, as
-  the TPU device plugin reports a failed chip.
+* tpu-unhealthy NODE: what a kubelet shows when the TPU device plugin reports the host's chips
+  failed: allocatable google.com/tpu drops to 0 (capacity stays), and every pod holding those
+  chips reports them Unhealthy in containerStatuses[].allocatedResourcesStatus. No node
+  condition: GKE sets none for it.
 * maintenance NODE: GKE's impending-termination taint and maintenance label are set.
 """
 

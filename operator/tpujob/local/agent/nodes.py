@@ -17,7 +17,6 @@ LABEL_NODEPOOL = "cloud.google.com/gke-nodepool"
 LABEL_ACCELERATOR_COUNT = "cloud.google.com/gke-accelerator-count"
 LABEL_LOCAL = "tpujob.dev/local-node"
 TPU_TAINT = {"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
-TPU_UNHEALTHY_CONDITION = "TPUUnhealthy"
 KUBELET_VERSION = "v1.36.3"
 
 
@@ -86,7 +85,12 @@ def node_object(node: NodeSpec) -> dict[str, Any]:
 
 def node_status(node: NodeSpec, *, now: str, tpu_healthy: bool, log_port: int,
                 ready_since: str) -> dict[str, Any]:
-    """The node's status as its kubelet would post it at `now` (RFC 3339)."""
+    """The node's status as its kubelet would post it at `now` (RFC 3339).
+
+    Failed chips show as a kubelet shows them: allocatable google.com/tpu drops below
+    capacity (the device plugin lists the devices Unhealthy). There is no node condition for
+    it: neither the kubelet nor GKE sets one.
+    """
     capacity = {"cpu": node.cpu, "memory": node.memory, "pods": node.pods}
     allocatable = dict(capacity)
     if node.tpu_chips:
@@ -103,14 +107,6 @@ def node_status(node: NodeSpec, *, now: str, tpu_healthy: bool, log_port: int,
         condition("PIDPressure", "False", "KubeletHasSufficientPID", "enough PIDs"),
         condition("Ready", "True", "KubeletReady", "node agent is posting ready status"),
     ]
-    if node.tpu_chips:
-        conditions.append(
-            condition(TPU_UNHEALTHY_CONDITION, "False", "TPUHealthy", "all TPU chips healthy")
-            if tpu_healthy else
-            condition(TPU_UNHEALTHY_CONDITION, "True", "DevicePluginReportedUnhealthy",
-                      f"the TPU device plugin reports {node.tpu_chips} of {node.tpu_chips} "
-                      "chips unhealthy")
-        )
     return {
         "capacity": capacity, "allocatable": allocatable, "conditions": conditions,
         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},

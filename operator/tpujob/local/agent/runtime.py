@@ -243,8 +243,52 @@ def restart_delay(restart_count: int) -> float:
 OWNED_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
 
 
-def pod_status(rt: PodRuntime, previous: Mapping[str, Any], *, now: float) -> dict[str, Any]:
-    """The status the agent posts for `rt`, keeping conditions other components own."""
+TPU_RESOURCE = "google.com/tpu"
+
+
+def tpu_devices(spec: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The google.com/tpu device IDs the device plugin gives each container of a pod.
+
+    Chips are handed out in container order, `accel0` upwards, as the plugin numbers a
+    host's /dev/accel* devices. Containers that ask for none get none.
+    """
+    devices: dict[str, tuple[str, ...]] = {}
+    next_chip = 0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        wanted = (resources.get("limits") or {}).get(TPU_RESOURCE) or \
+            (resources.get("requests") or {}).get(TPU_RESOURCE)
+        try:
+            count = max(0, int(wanted or 0))
+        except (TypeError, ValueError):
+            count = 0
+        if count:
+            devices[str(container.get("name"))] = tuple(
+                f"accel{i}" for i in range(next_chip, next_chip + count))
+            next_chip += count
+    return devices
+
+
+def allocated_resources_status(devices: tuple[str, ...], *,
+                               healthy: bool) -> list[dict[str, Any]]:
+    """containerStatuses[].allocatedResourcesStatus for a container's TPU devices (KEP-4680)."""
+    if not devices:
+        return []
+    health = "Healthy" if healthy else "Unhealthy"
+    return [{"name": TPU_RESOURCE,
+             "resources": [{"resourceID": d, "health": health} for d in devices]}]
+
+
+def pod_status(rt: PodRuntime, previous: Mapping[str, Any], *, now: float,
+               tpu: Mapping[str, tuple[str, ...]] | None = None,
+               tpu_healthy: bool = True) -> dict[str, Any]:
+    """The status the agent posts for `rt`, keeping conditions other components own.
+
+    `tpu` maps container names to their TPU device IDs (`tpu_devices` of the pod's spec);
+    with it, each container's allocatedResourcesStatus reports those devices Healthy, or
+    Unhealthy when the node's chips have failed, as the kubelet does from the device
+    plugin's ListAndWatch.
+    """
     phase = rt.phase()
     ready = phase == "Running" and all(c.running() for c in rt.containers)
     stamp = rfc3339(now)
@@ -284,6 +328,9 @@ def pod_status(rt: PodRuntime, previous: Mapping[str, Any], *, now: float) -> di
         last = c.terminated if (c.terminated is not None and rt.should_restart(c)) \
             else c.last_terminated
         st["lastState"] = last.to_status(c.container_id) if last is not None else {}
+        health = allocated_resources_status((tpu or {}).get(c.name, ()), healthy=tpu_healthy)
+        if health:
+            st["allocatedResourcesStatus"] = health
         statuses.append(st)
     status: dict[str, Any] = {"phase": phase, "conditions": conditions,
                               "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
