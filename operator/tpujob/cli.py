@@ -20,6 +20,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("crd", "tpujob.crdgen"),
     ("get", "tpujob.console"),
     ("describe", "tpujob.console"),
+    ("doctor", "tpujob.doctor.cli"),
 )
 
 
