@@ -68,7 +68,8 @@ def levels(snap: Snapshot, check: Check) -> list[tuple[str, Level]]:
         *pool("tpu-a")[:3], tpu_node("tpu-a-w3", "tpu-a", ready="False")]), Check.NODE_POOLS,
      [("tpu-a", Level.WARNING)]),
     ("node tainted by tpujob", healthy(nodes=[
-        *pool("tpu-a")[:3], tpu_node("tpu-a-w3", "tpu-a", tainted="team/j: NODE_LOST")]), Check.NODE_POOLS,
+        *pool("tpu-a")[:3], tpu_node("tpu-a-w3", "tpu-a", tainted="team/j: NODE_LOST")]),
+     Check.NODE_POOLS,
      [("tpu-a", Level.OK), ("tpu-a-w3", Level.WARNING)]),
     ("unknown topology label", healthy(nodes=pool("tpu-a", topo="3x3")), Check.NODE_POOLS,
      [("tpu-a", Level.WARNING)]),
