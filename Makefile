@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench e2e-kind clean
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench e2e-kind clean diagnosis-model
 
 all: test
 
@@ -67,3 +67,7 @@ e2e-kind:
 
 clean:
 	rm -rf $(VENV) .state
+
+# Re-fit the diagnosis text model on the development corpus and write its committed weights.
+diagnosis-model: venv
+	$(PY) -m tpujob.diagnosis.training tests/data/corpus/errors.jsonl operator/tpujob/diagnosis/textmodel.json

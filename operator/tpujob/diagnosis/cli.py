@@ -1,11 +1,13 @@
 """`tpujob diagnose`: diagnose one failure from a log, or score the engine on a corpus.
 
     tpujob diagnose [--log FILE|-] [--exit-code N] [--reason R] [--context TEXT] [--json]
-    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high]
+    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]]
 
 The eval ends with one machine-readable line,
 `accuracy=A n=N fatal_retried=F retryable_failed=R`, and exits 0: the bar is enforced by
-the unit tests, not by this command.
+the unit tests, not by this command. `--cv` scores by grouped cross-validation (folds are
+source repositories; the text model is refit without the fold it scores; needs numpy).
+A log is read from its last `MAX_LOG_BYTES` only, so a huge log costs a bounded time.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from tpujob.diagnosis.engine import diagnose_worker
-from tpujob.diagnosis.evaluate import CLASSES, CorpusError, Report, evaluate, parse_corpus
+from tpujob.diagnosis.engine import MAX_LOG_CHARS, diagnose_worker
+from tpujob.diagnosis.evaluate import (
+    CLASSES,
+    DEFAULT_FOLDS,
+    CorpusError,
+    Report,
+    cross_validate,
+    evaluate,
+    parse_corpus,
+)
 from tpujob.diagnosis.facts import WorkerFacts
 from tpujob.diagnosis.model import Confidence, Diagnosis
 
@@ -44,7 +54,24 @@ def register(subparsers: Any) -> None:
         default=Confidence.LOW.value,
         help="with --eval: skip corpus entries whose label is less certain",
     )
+    parser.add_argument(
+        "--cv", action="store_true", help="with --eval: grouped cross-validation by repository"
+    )
+    parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="with --cv: folds")
     parser.set_defaults(handler=run)
+
+
+# A log's tail is all the engine reads; reading more of a huge file would only cost time.
+MAX_LOG_BYTES = 4 * MAX_LOG_CHARS
+
+
+def read_tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
+    """The last `limit` bytes of a file, decoded leniently (a cut character is replaced)."""
+    with path.open("rb") as handle:
+        handle.seek(0, 2)
+        size = handle.tell()
+        handle.seek(max(0, size - limit))
+        return handle.read(limit).decode("utf-8", errors="replace")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
@@ -57,14 +84,21 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
         except (OSError, CorpusError) as error:
             console.print(f"tpujob diagnose: {error}", markup=False)
             return 2
-        print_report(console, evaluate(entries, min_confidence=Confidence(args.min_confidence)))
+        floor = Confidence(args.min_confidence)
+        if args.cv:
+            from tpujob.diagnosis.training import fit
+
+            report = cross_validate(entries, fit, folds=args.folds, min_confidence=floor)
+        else:
+            report = evaluate(entries, min_confidence=floor)
+        print_report(console, report)
         return 0
     log = ""
     if args.log == "-":
-        log = (stdin if stdin is not None else sys.stdin).read()
+        log = (stdin if stdin is not None else sys.stdin).read()[-MAX_LOG_BYTES:]
     elif args.log:
         try:
-            log = Path(args.log).read_text(encoding="utf-8", errors="replace")
+            log = read_tail(Path(args.log))
         except OSError as error:
             console.print(f"tpujob diagnose: {error}", markup=False)
             return 2

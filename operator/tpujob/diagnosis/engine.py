@@ -1,7 +1,9 @@
 """Diagnosis of one worker: tries the layers in a fixed order and returns the first verdict.
 
 Precedence, from strongest to weakest: user rules, node and pod facts, the trainer's
-structured code, regexes on the message and log, exit code and signal, the named default.
+structured code, regexes on the message and log, exit reason and signal, the trainer's exit
+code, the last raised exception and what it wraps, the learned text model, and the named
+default (see `unknown.py` for what an unmatched failure gets and why).
 Node facts outrank container text because a worker on a dying node prints whatever its
 last collective saw; the trainer's own code outranks regexes because it was decided where
 the exception was caught. Pure: no I/O besides the cached rule table.
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from tpujob import contract
 from tpujob.diagnosis import facts as f
+from tpujob.diagnosis.exceptions import grade_exception
+from tpujob.diagnosis.linear import compile_linear
 from tpujob.diagnosis.model import (
     DEFAULT_ACTIONS,
     ChainLink,
@@ -38,6 +42,8 @@ from tpujob.diagnosis.rules import (
     first_line_match,
     matched_line,
 )
+from tpujob.diagnosis.textmodel import TextModel, packaged_model
+from tpujob.diagnosis.unknown import MODEL_FLOOR, model_verdict
 
 SIGNAL_NAMES = {
     4: "SIGILL",
@@ -48,7 +54,7 @@ SIGNAL_NAMES = {
     11: "SIGSEGV",
     15: "SIGTERM",
 }
-_VOLATILE = re.compile(r"0x[0-9a-f]+|\d+|/[^\s:'\"]+|\s+", re.IGNORECASE)
+_VOLATILE = compile_linear(r"0x[0-9a-f]+|\d+|/[^\s:'\"]+|\s+", where="built-in volatile pattern")
 # Only the end of a log matters; bounding it keeps the cost of a diagnosis flat.
 MAX_LOG_CHARS = 64_000
 _SIGNAL_SOURCES = {
@@ -181,6 +187,7 @@ class _Hit:
     verdict: Verdict
     evidence: tuple[Evidence, ...]
     from_node: bool = False
+    probability: float | None = None
 
 
 def _user_hit(rules: Sequence[UserRule], worker: f.WorkerFacts, texts: _Texts) -> _Hit | None:
@@ -261,7 +268,7 @@ def _text_hit(table: RuleTable, texts: _Texts) -> _Hit | None:
     return None
 
 
-def _exit_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit:
+def _exit_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit | None:
     signal = worker.effective_signal
     evidence = (Evidence(Source.EXIT, _exit_text(worker)),)
     for rule in table.exit_rules:
@@ -277,20 +284,53 @@ def _exit_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit:
             FailureClass(str(info.hint)), FailureCode(info.code), Confidence.MEDIUM, info.summary
         )
         return _Hit("trainer-exit-code", verdict, evidence)
-    default_evidence = (Evidence(Source.DEFAULT, _exit_text(worker)),)
-    return _Hit(table.default_name, table.default, default_evidence)
+    return None
+
+
+def _exception_hit(texts: _Texts) -> _Hit | None:
+    for source, text in ((Source.MESSAGE, texts.message), (Source.LOG, texts.log)):
+        graded = grade_exception(text) if text else None
+        if graded is not None:
+            return _Hit(graded.rule, graded.verdict, (Evidence(source, graded.detail),))
+    return None
+
+
+def _model_hit(model: TextModel | None, texts: _Texts) -> _Hit | None:
+    if model is None:
+        return None
+    prediction = model.predict(f"{texts.context}\n{texts.message}\n{texts.log}")
+    if prediction.probability < MODEL_FLOOR:
+        return None
+    detail = f"text model: {prediction.failure_class} with probability {prediction.probability:.2f}"
+    return _Hit(
+        "text-model",
+        model_verdict(prediction),
+        (Evidence(Source.MODEL, detail),),
+        probability=prediction.probability,
+    )
+
+
+def _default_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit:
+    return _Hit(table.default_name, table.default, (Evidence(Source.DEFAULT, _exit_text(worker)),))
 
 
 def _first_hit(
-    worker: f.WorkerFacts, table: RuleTable, user_rules: Sequence[UserRule], texts: _Texts
+    worker: f.WorkerFacts,
+    table: RuleTable,
+    user_rules: Sequence[UserRule],
+    texts: _Texts,
+    model: TextModel | None,
 ) -> _Hit:
-    """The layers in precedence order; the exit layer always answers (it holds the default)."""
+    """The layers in precedence order; the named default answers when none does."""
     return (
         _user_hit(user_rules, worker, texts)
         or _node_hit(table, worker)
         or _trainer_hit(texts.trainer)
         or _text_hit(table, texts)
         or _exit_hit(table, worker)
+        or _exception_hit(texts)
+        or _model_hit(model, texts)
+        or _default_hit(table, worker)
     )
 
 
@@ -313,11 +353,17 @@ def diagnose_worker(
     *,
     user_rules: Sequence[UserRule] = (),
     table: RuleTable | None = None,
+    model: TextModel | Literal["packaged"] | None = "packaged",
 ) -> Diagnosis:
-    """Diagnose one failed (or stuck) worker from its facts alone."""
+    """Diagnose one failed (or stuck) worker from its facts alone.
+
+    `model` is the learned fallback: the packaged one by default, another (a fold's, in
+    cross-validation) or None for rules only.
+    """
     rule_table = table if table is not None else default_rule_table()
+    text_model = packaged_model() if model == "packaged" else model
     texts = _texts(worker)
-    hit = _first_hit(worker, rule_table, user_rules, texts)
+    hit = _first_hit(worker, rule_table, user_rules, texts, text_model)
     rule, verdict, evidence = hit.rule, hit.verdict, hit.evidence
     chain: list[ChainLink] = []
     if hit.from_node:
@@ -345,4 +391,5 @@ def diagnose_worker(
         root_worker=worker.worker_index,
         consequence=verdict.consequence,
         step=step,
+        probability=hit.probability,
     )

@@ -61,6 +61,10 @@ class FailureCode(enum.StrEnum):
     MAINTENANCE = "MAINTENANCE"
     EVICTED = "EVICTED"
     UNSCHEDULABLE = "UNSCHEDULABLE"
+    ADMISSION_REJECTED = "ADMISSION_REJECTED"
+    IMAGE_PULL_FAILED = "IMAGE_PULL_FAILED"
+    CRASH_LOOP = "CRASH_LOOP"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     HANG = "HANG"
     DETERMINISTIC_REPEAT = "DETERMINISTIC_REPEAT"
     UNKNOWN_RETRY_LIMIT = "UNKNOWN_RETRY_LIMIT"
@@ -88,6 +92,7 @@ class Source(enum.StrEnum):
     CONTEXT = "context"
     EXIT = "exit"
     HISTORY = "history"
+    MODEL = "model"
     DEFAULT = "default"
 
 
@@ -140,6 +145,7 @@ class Diagnosis:
     root_worker: int | None = None
     step: int | None = None  # training step at the failure, for the repeat guard
     consequence: bool = False  # the error only says a peer went away
+    probability: float | None = None  # the text model's probability, when it decided
 
     @property
     def tag(self) -> str:
@@ -164,6 +170,7 @@ class Diagnosis:
             "signature": self.signature,
             "root_worker": self.root_worker,
             "step": self.step,
+            "probability": self.probability,
         }
 
 

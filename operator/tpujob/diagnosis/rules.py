@@ -2,7 +2,7 @@
 
 The table is data so that a reviewer reads the mechanisms in one place and a change to a
 pattern is a change to one line of YAML, not to code; loading validates every entry into
-frozen dataclasses (unknown keys, classes, codes and bad regexes are errors), so a broken
+frozen dataclasses (unknown keys, classes, codes and patterns RE2 refuses are errors), so a broken
 table fails at the first load, which a unit test does. Rules only match here; the engine
 decides in which order the layers are tried.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from tpujob.diagnosis.linear import Match, Regex, UnsafePatternError, compile_linear
 from tpujob.diagnosis.model import Confidence, FailureClass, FailureCode
 from tpujob.diagnosis.prefilter import required_literals
 
@@ -53,10 +53,10 @@ class NodeSignal(enum.StrEnum):
 class Pattern:
     """A compiled rule regex and the literals one of which any match contains (if known)."""
 
-    regex: re.Pattern[str]
+    regex: Regex
     literals: frozenset[str] | None
 
-    def search(self, text: str, lowered: str) -> re.Match[str] | None:
+    def search(self, text: str, lowered: str) -> Match | None:
         if self.literals is not None and not any(lit in lowered for lit in self.literals):
             return None
         return self.regex.search(text)
@@ -137,10 +137,11 @@ _RULE_KEYS = {
 
 
 def compile_pattern(pattern: str, where: str) -> Pattern:
+    """Compile a rule pattern with RE2 (linear time), case-insensitive and multi-line."""
     try:
-        regex = re.compile(pattern, re.IGNORECASE | re.MULTILINE)
-    except re.error as error:
-        raise RuleTableError(f"{where}: bad regex {pattern!r}: {error}") from error
+        regex = compile_linear(pattern, where=where)
+    except UnsafePatternError as error:
+        raise RuleTableError(str(error)) from error
     return Pattern(regex, required_literals(pattern))
 
 
@@ -240,7 +241,7 @@ def default_rule_table() -> RuleTable:
     return parse_rule_table(yaml.safe_load(text))
 
 
-def first_line_match(patterns: Sequence[Pattern], text: str, lowered: str) -> re.Match[str] | None:
+def first_line_match(patterns: Sequence[Pattern], text: str, lowered: str) -> Match | None:
     """The earliest-listed pattern's first match in `text` (`lowered` is its lower case)."""
     for pattern in patterns:
         found = pattern.search(text, lowered)
@@ -249,7 +250,7 @@ def first_line_match(patterns: Sequence[Pattern], text: str, lowered: str) -> re
     return None
 
 
-def matched_line(text: str, found: re.Match[str], limit: int = 240) -> str:
+def matched_line(text: str, found: Match, limit: int = 240) -> str:
     """The line holding a match, trimmed for evidence."""
     start = text.rfind("\n", 0, found.start()) + 1
     end = text.find("\n", found.end())

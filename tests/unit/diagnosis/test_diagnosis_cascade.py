@@ -100,11 +100,18 @@ def test_a_killed_worker_is_the_root_of_a_peers_reported_collective_failure() ->
     from tpujob.diagnosis import JobFacts, WorkerFacts, diagnose_job
 
     same_second = datetime(2026, 1, 1, tzinfo=UTC)
-    echo = contract.encode_termination_message(contract.TerminationMessage(
-        code="COLLECTIVE_FAILURE", exit_code=30, class_hint=contract.ClassHint.SOFT,
-        summary="Gloo all-reduce failed: Connection reset by peer", step=31))
-    peer = WorkerFacts(worker_index=0, pod_name="w0", exit_code=30, message=echo,
-                       finished_at=same_second)
+    echo = contract.encode_termination_message(
+        contract.TerminationMessage(
+            code="COLLECTIVE_FAILURE",
+            exit_code=30,
+            class_hint=contract.ClassHint.SOFT,
+            summary="Gloo all-reduce failed: Connection reset by peer",
+            step=31,
+        )
+    )
+    peer = WorkerFacts(
+        worker_index=0, pod_name="w0", exit_code=30, message=echo, finished_at=same_second
+    )
     killed = WorkerFacts(worker_index=1, pod_name="w1", exit_code=137, finished_at=same_second)
     verdict = diagnose_job(JobFacts(workers=(peer, killed)))
     assert verdict.root_worker == 1

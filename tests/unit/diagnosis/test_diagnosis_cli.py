@@ -49,7 +49,7 @@ def test_eval_prints_scores_confusion_and_final_line(tmp_path: Path) -> None:
     rows = [
         {"id": "a", "text": "Connection closed by peer", "context": "", "label": "soft"},
         {"id": "b", "text": "ImportError: no module x", "context": "", "label": "fatal"},
-        {"id": "c", "text": "mystery", "context": "", "label": "fatal"},
+        {"id": "c", "text": "Connection closed by peer", "context": "", "label": "fatal"},
     ]
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     status, out = run(["--eval", str(corpus)])

@@ -123,11 +123,17 @@ def test_free_text_termination_message_is_searched() -> None:
 
 def test_a_configured_timeout_in_a_log_line_is_not_a_lost_peer() -> None:
     # A SIGKILLed worker whose log tail only reports its settings at start-up.
-    tail = ("INFO joining job: process 1 of 2, coordinator w0:8476, heartbeat timeout 15s\n"
-            "INFO step 30/60 loss=0.19")
+    tail = (
+        "INFO joining job: process 1 of 2, coordinator w0:8476, heartbeat timeout 15s\n"
+        "INFO step 30/60 loss=0.19"
+    )
     killed = diagnose_worker(WorkerFacts(worker_index=1, exit_code=137, message=tail))
     assert killed.code is FailureCode.PROCESS_KILLED
-    lost = diagnose_worker(WorkerFacts(
-        worker_index=0, exit_code=1,
-        message="UNAVAILABLE: Task 1 heartbeat timeout. The remote task has failed"))
+    lost = diagnose_worker(
+        WorkerFacts(
+            worker_index=0,
+            exit_code=1,
+            message="UNAVAILABLE: Task 1 heartbeat timeout. The remote task has failed",
+        )
+    )
     assert lost.code is FailureCode.COLLECTIVE_TIMEOUT

@@ -1,0 +1,70 @@
+"""Linear-time regular expressions: every pattern the diagnosis runs is compiled with RE2.
+
+Logs and user rules are untrusted input. Python's backtracking `re` can take exponential
+time on a pattern such as `(a|aa)+$` (and a hand-written built-in can hide such a pattern
+too), so the engine compiles every pattern, built-in or from a job's `recovery.rules`, with
+RE2, whose matching time is linear in the text. RE2 refuses what it cannot run in linear
+time (backreferences, lookaround); that refusal is a typed error naming where the pattern
+came from. The apiserver's CEL validates user patterns with the same RE2 syntax, so what
+admission accepts the engine runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import re2
+
+# RE2 keeps each compiled program within this many bytes; a pattern that needs more is
+# refused rather than allowed to grow the operator's memory.
+MAX_PROGRAM_BYTES = 8 << 20
+
+
+class Match(Protocol):
+    """What the engine reads from a match."""
+
+    def start(self, group: int = 0) -> int: ...
+    def end(self, group: int = 0) -> int: ...
+    def group(self, group: int = 0) -> str: ...
+
+
+class Regex(Protocol):
+    """A compiled linear-time pattern (the subset of the `re` API the diagnosis uses)."""
+
+    def search(self, text: str) -> Match | None: ...
+    def finditer(self, text: str) -> Iterator[Match]: ...
+    def sub(self, repl: str, text: str) -> str: ...
+
+
+class UnsafePatternError(ValueError):
+    """A pattern RE2 cannot compile (not linear-time, or malformed); names its origin."""
+
+    def __init__(self, where: str, pattern: str, reason: str) -> None:
+        super().__init__(f"{where}: {pattern!r} is not a valid RE2 pattern: {reason}")
+        self.where = where
+        self.pattern = pattern
+        self.reason = reason
+
+
+def _options(*, ignore_case: bool) -> Any:
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    options.log_errors = False  # the error is raised to the caller, not printed
+    options.max_mem = MAX_PROGRAM_BYTES
+    return options
+
+
+def compile_linear(pattern: str, *, where: str, ignore_case: bool = True) -> Regex:
+    """Compile `pattern` with RE2, multi-line (`^`/`$` at line ends), case-insensitive.
+
+    Raises `UnsafePatternError` naming `where` when RE2 refuses the pattern.
+    """
+    try:
+        regex: Regex = re2.compile(f"(?m){pattern}", _options(ignore_case=ignore_case))
+    except re2.error as error:
+        reason = error.args[0] if error.args else str(error)
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise UnsafePatternError(where, pattern, str(reason)) from error
+    return regex
