@@ -43,5 +43,21 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous_one(
     assert "checkpoint step 6 cannot be restored" in resumed.log
     assert "checkpoint fallback: steps [6] could not be restored, resumed from 3" in resumed.log
     assert resumed.digest("resumed from step 3") == first.digest("saving step 3")
+    # Moved aside as evidence, never deleted.
+    assert sorted(p.name for p in (directory / "corrupt").iterdir()) == ["6.attempt-0"]
     # Replaying steps 4..6 from step 3 rebuilds exactly the state the corrupted step held.
     assert resumed.digest("saving step 6") == first.digest("saving step 6")
+
+
+def test_a_transient_read_error_on_the_newest_step_is_retried_and_nothing_is_lost(
+    trainer: Launcher, tmp_path: Path
+) -> None:
+    directory = tmp_path / "ckpt"
+    first = trainer("--steps", "6", "--checkpoint-dir", str(directory), *ARGS, name="first")
+    assert first.wait(120) == 0
+    resumed = trainer("--steps", "7", "--checkpoint-dir", str(directory), *ARGS, name="resumed",
+                      env={"TPUJOB_FAULTS": "restore-error@1"})
+    assert resumed.wait(120) == 0, resumed.log[-2000:]
+    assert "checkpoint step 6: transient read error (OSError" in resumed.log
+    assert resumed.digest("resumed from step 6") == first.digest("saving step 6")
+    assert sorted(p.name for p in directory.iterdir()) == ["3", "6", "7"]

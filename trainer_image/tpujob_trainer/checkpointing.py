@@ -1,37 +1,81 @@
-"""Checkpoints through one orbax `CheckpointManager`: async saves, resume with fallback.
+"""Checkpoints through one orbax `CheckpointManager`: fenced async saves, a careful resume.
 
 Lifecycle: build `Checkpoints` once, `restore(...)` before the first step, `save(...)` after
 steps, `close()` at the end (it waits for the last async save to commit). Every method is
-called by every process of the job at the same step, because orbax synchronises saves across
-processes. Only committed steps are listed by orbax, so a save cut short by a kill is never
-resumed from.
+called by every process of the job at the same step, because saves, restores and fencing are
+collective.
+
+Safety rules (see `restore_policy` for the evidence and `fencing` for the token):
+
+* Orbax lists only committed steps; a save cut short leaves a `<step>.orbax-checkpoint-tmp*`
+  directory, which is never read as a step and is removed when the manager starts.
+* A step that fails to read for a transient reason is read again with backoff; if it still
+  fails, nothing is moved or deleted and the run stops with CHECKPOINT_RESTORE_FAILED (class
+  medium: the operator retries later). Falling back past a good step because the storage
+  blinked would silently throw away training.
+* A step is moved aside into `corrupt/` only on evidence (metadata missing or invalid, bytes
+  that do not deserialise), and only after every process agreed on the step to resume from;
+  then the previous step is restored. Nothing is ever deleted by a restore.
+* A rollback (`resume_at`) moves the steps after the chosen one into `rolled-back/`, so the
+  rolled-back run saves those step numbers again instead of colliding with them.
+* `committed_step()` is the newest step whose async save finished: what the heartbeat reports.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from jax.experimental import multihost_utils
 
+from tpujob_trainer.collectives import gather_ints
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import TrainerError
-from tpujob_trainer.model import State
+from tpujob_trainer.fencing import SaveGate
+from tpujob_trainer.restore_policy import (
+    ITEM_METADATA,
+    ITEM_NAME,
+    STEP_METADATA,
+    Evidence,
+    ReadFailure,
+    RetryPolicy,
+    classify_read_error,
+    first_line,
+    judge_step_metadata,
+)
 
 log = logging.getLogger(__name__)
+
+CORRUPT_FOLDER = "corrupt"
+ROLLED_BACK_FOLDER = "rolled-back"
+
+State = Any
 
 
 @dataclass(frozen=True)
 class Restored:
-    """The result of a resume: the state, its step, and the newer steps that failed to load."""
+    """The result of a resume: the state, its step, and the newer steps set aside."""
 
     state: State
     step: int
     skipped: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Corrupt:
+    evidence: Evidence
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    detail: str
 
 
 def _directory(path: str) -> epath.Path:
@@ -40,83 +84,186 @@ def _directory(path: str) -> epath.Path:
 
 
 class Checkpoints:
-    """Save every step it is asked to, keep the newest `keep`, resume from the newest good one."""
+    """Save the steps it is asked to (when fencing allows), keep `keep`, resume safely."""
 
-    def __init__(self, directory: str, *, keep: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        keep: int,
+        attempt: int = 0,
+        gate: SaveGate | None = None,
+        retry: RetryPolicy | None = None,
+        read_error_from: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._root = _directory(directory)
         self._manager = ocp.CheckpointManager(
-            _directory(directory),
+            self._root,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, create=True, enable_async_checkpointing=True
+                max_to_keep=keep, create=True, enable_async_checkpointing=True,
+                cleanup_tmp_directories=True,
             ),
         )
+        self._attempt = attempt
+        self._gate = gate
+        self._retry = retry or RetryPolicy()
+        self._sleep = sleep
+        # One injected transient read error (fault `restore-error`), then reads work again.
+        self._read_error_from = read_error_from
+        self._pending: int | None = None
+        self._committed: int | None = None
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
         step = self._manager.latest_step()
         return None if step is None else int(step)
 
+    def committed_step(self) -> int | None:
+        """The newest step whose save has committed on every process (None before any)."""
+        if self._pending is not None and not self._manager.is_saving_in_progress():
+            self._committed, self._pending = self._pending, None
+        return self._committed
+
     def save(self, step: int, state: State) -> bool:
-        """Start an async save of `state` as `step`; False when the step already exists."""
+        """Start an async save of `state` as `step` if fencing allows; False when not saved.
+
+        Raises `FencedError` when a newer attempt owns the checkpoints.
+        """
+        if self._gate is not None and not self._gate.authorize(step):
+            return False
         if step in self._manager.all_steps():
             return False
         try:
-            return bool(self._manager.save(step, args=ocp.args.StandardSave(state), force=True))
+            started = bool(
+                self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+            )
         except Exception as error:
             raise TrainerError(
                 ExitCode.CHECKPOINT_SAVE_FAILED,
                 f"saving step {step} failed: {type(error).__name__}: {error}"[:600]
                 + " (check the checkpoint directory's space and write permission)",
             ) from error
+        if started:
+            self.committed_step()
+            self._pending = step
+        return started
 
-    def wait(self) -> None:
-        """Block until every started save is committed."""
+    def wait(self) -> int | None:
+        """Block until every started save is committed; the committed step."""
         self._manager.wait_until_finished()
+        return self.committed_step()
 
-    def close(self) -> None:
-        """Wait for pending saves and release the manager's threads."""
+    def close(self) -> int | None:
+        """Wait for pending saves and release the manager's threads; the committed step."""
         self._manager.wait_until_finished()
+        committed = self.committed_step()
         self._manager.close()
+        return committed
 
-    def restore(self, template: State) -> Restored | None:
+    def restore(self, template: State, *, resume_at: int | None = None) -> Restored | None:
         """Resume from the newest step that loads, agreed by every process; None if none exist.
 
-        `template` gives the shapes, dtypes and shardings to restore into. A step that fails to
-        load is skipped (and logged), the previous one tried, and the skipped steps deleted so
-        that training can save them again. All processes restore the same step: the minimum of
-        what each could load.
+        `template` gives the shapes, dtypes and shardings to restore into. With `resume_at`,
+        only steps at or before it are candidates and newer ones are rolled back (moved aside).
         """
-        steps = sorted((int(s) for s in self._manager.all_steps()), reverse=True)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        restored: Restored | None = None
-        skipped: list[int] = []
-        for step in steps:
-            try:
-                state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-            except Exception as error:
-                first_line = (str(error).splitlines() or [""])[0][:300]
-                log.warning(
-                    "checkpoint step %d cannot be restored (%s: %s); falling back to the previous",
-                    step, type(error).__name__, first_line,
-                )
-                skipped.append(step)
+        steps = sorted((int(s) for s in self._manager.all_steps()), reverse=True)
+        rolled_back = [s for s in steps if resume_at is not None and s > resume_at]
+        candidates = [s for s in steps if s not in rolled_back]
+        mine, state, unreadable = -1, None, ""
+        for step in candidates:
+            outcome = self._read(step, abstract)
+            if isinstance(outcome, _Corrupt):
+                log.warning("checkpoint step %d cannot be restored (%s: %s); falling back to "
+                            "the previous", step, outcome.evidence, outcome.detail)
                 continue
-            restored = Restored(state=state, step=step, skipped=tuple(skipped))
+            if isinstance(outcome, _Unreadable):
+                unreadable = f"step {step}: {outcome.detail}"
+                break
+            mine, state = step, outcome
             break
-        mine = restored.step if restored else -1
-        agreed = int(np.min(multihost_utils.process_allgather(np.array([mine]))))
-        if agreed != mine:
-            log.warning("process restored step %d, the job agreed on %d", mine, agreed)
-            restored = None
-            if agreed >= 0:
-                state = self._manager.restore(agreed, args=ocp.args.StandardRestore(abstract))
-                restored = Restored(state, agreed, tuple(s for s in steps if s > agreed))
-        if restored is None and steps:
+        rows = gather_ints([mine, int(bool(unreadable))])
+        if any(row[1] for row in rows):
             raise TrainerError(
                 ExitCode.CHECKPOINT_RESTORE_FAILED,
-                f"none of the checkpoint steps {steps} could be restored; check the checkpoint "
-                "directory for truncated or foreign files",
+                f"a checkpoint could not be read after {self._retry.attempts} tries "
+                f"({unreadable or 'on another worker'}); nothing was moved or deleted, a later "
+                "attempt reads it again. Check the checkpoint storage's availability",
             )
-        if restored is not None:
-            for step in restored.skipped:
-                self._manager.delete(step)
-        return restored
+        agreed = min(row[0] for row in rows)
+        if agreed != mine and agreed >= 0:
+            log.warning("process restored step %d, the job agreed on %d", mine, agreed)
+            outcome = self._read(agreed, abstract)
+            state = None if isinstance(outcome, _Corrupt | _Unreadable) else outcome
+        if not all(row[0] for row in gather_ints([int(agreed < 0 or state is not None)])):
+            raise TrainerError(
+                ExitCode.CHECKPOINT_RESTORE_FAILED,
+                f"the agreed checkpoint step {agreed} could not be read on every worker",
+            )
+        if agreed < 0 and candidates:
+            raise TrainerError(
+                ExitCode.CHECKPOINT_RESTORE_FAILED,
+                f"none of the checkpoint steps {candidates} could be restored; nothing was "
+                "moved or deleted. Check the checkpoint directory for truncated or foreign files",
+            )
+        corrupt = tuple(s for s in candidates if s > agreed)
+        self._set_aside(corrupt, CORRUPT_FOLDER)
+        self._set_aside(tuple(rolled_back), ROLLED_BACK_FOLDER)
+        if agreed < 0:
+            return None
+        return Restored(state=state, step=agreed, skipped=corrupt)
+
+    def _read(self, step: int, abstract: State) -> State | _Corrupt | _Unreadable:
+        """One step, with transient errors retried; the state or why it did not load."""
+        delays = self._retry.delays()
+        while True:
+            try:
+                evidence = self._inspect(step)
+                if evidence is not None:
+                    return _Corrupt(evidence, "the step's files say it was not committed whole")
+                return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+            except Exception as error:
+                if classify_read_error(error) is ReadFailure.CORRUPT:
+                    return _Corrupt(Evidence.UNDECODABLE, first_line(error))
+                delay = next(delays, None)
+                if delay is None:
+                    return _Unreadable(first_line(error))
+                log.warning("checkpoint step %d: transient read error (%s); retrying in %.1fs",
+                            step, first_line(error), delay)
+                self._sleep(delay)
+
+    def _inspect(self, step: int) -> Evidence | None:
+        """Evidence of corruption in the step's layout; raises OSError when storage fails."""
+        if self._read_error_from is not None and step >= self._read_error_from:
+            self._read_error_from = None
+            raise OSError(errno.EIO, f"injected transient read error on checkpoint step {step}")
+        path = self._root / str(step)
+
+        def read_metadata() -> str | None:
+            metadata = path / STEP_METADATA
+            return metadata.read_text() if metadata.exists() else None
+
+        evidence = judge_step_metadata(read_metadata)
+        if evidence is None and not (path / ITEM_NAME / ITEM_METADATA).exists():
+            evidence = Evidence.MISSING_ITEM
+        return evidence
+
+    def _set_aside(self, steps: tuple[int, ...], folder: str) -> None:
+        """Move `steps` into `folder` (process 0 moves; everybody waits for it)."""
+        if not steps:
+            return
+        gather_ints([0])  # every process has finished reading before anything moves
+        if jax.process_index() == 0:
+            target = self._root / folder
+            target.mkdir(parents=True, exist_ok=True)
+            for step in steps:
+                destination = target / f"{step}.attempt-{self._attempt}"
+                suffix = 0
+                while destination.exists():
+                    suffix += 1
+                    destination = target / f"{step}.attempt-{self._attempt}.{suffix}"
+                (self._root / str(step)).rename(destination)
+                log.warning("checkpoint step %d moved aside to %s", step, destination)
+        gather_ints([0])
+        self._manager.reload()

@@ -21,18 +21,24 @@ from tpujob_trainer.contract import (
     ENV_COLLECTIVE_TIMEOUT,
     ENV_EXPECT_TPU_CHIPS,
     ENV_FAULTS,
+    ENV_HEALTH_EVERY,
     ENV_HEARTBEAT_LEASE,
     ENV_NAMESPACE,
+    ENV_RESUME_STEP,
+    ENV_SKIP_BATCHES,
     ExitCode,
 )
 from tpujob_trainer.failures import TrainerError
 from tpujob_trainer.faults import Fault, parse_faults
+from tpujob_trainer.rollback import SkipWindow, parse_resume_step, parse_skip_batches
 
 # GKE's multi-host TPU slices talk to JAX's coordinator on this port by convention.
 DEFAULT_COORDINATOR_PORT = 8476
 # Short on purpose: a dead peer should be noticed within tens of seconds. The operator raises
 # it through ENV_COLLECTIVE_TIMEOUT when a retry is classed "medium".
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 20
+# Health numbers are gathered across workers every this many steps (one tiny all-gather).
+DEFAULT_HEALTH_EVERY_STEPS = 20
 
 
 class Framework(enum.StrEnum):
@@ -72,6 +78,9 @@ class TrainerConfig:
     allow_cpu_fallback: bool
     heartbeat_lease: str | None
     namespace: str
+    resume_step: int | None = None
+    skip_windows: tuple[SkipWindow, ...] = ()
+    health_every: int = DEFAULT_HEALTH_EVERY_STEPS
 
     @property
     def process_id(self) -> int:
@@ -196,6 +205,11 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         env.get(ENV_COLLECTIVE_TIMEOUT) or str(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS),
         ENV_COLLECTIVE_TIMEOUT,
     )
+    try:
+        resume_step = parse_resume_step(env.get(ENV_RESUME_STEP))
+        skip_windows = parse_skip_batches(env.get(ENV_SKIP_BATCHES), resume_step)
+    except ValueError as error:
+        raise TrainerError(ExitCode.CONFIG_ERROR, f"rollback settings: {error}") from None
     return TrainerConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -213,5 +227,26 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         expect_tpu_chips_per_host=_int(env.get(ENV_EXPECT_TPU_CHIPS) or "0", ENV_EXPECT_TPU_CHIPS),
         allow_cpu_fallback=(env.get(ENV_ALLOW_CPU_FALLBACK, "").lower() in {"1", "true", "yes"}),
         heartbeat_lease=env.get(ENV_HEARTBEAT_LEASE) or None,
+        resume_step=resume_step,
+        skip_windows=skip_windows,
+        health_every=max(1, _int(env.get(ENV_HEALTH_EVERY) or str(DEFAULT_HEALTH_EVERY_STEPS),
+                                 ENV_HEALTH_EVERY)),
         namespace=env.get(ENV_NAMESPACE) or "default",
     )
+
+
+def load_loop_config(
+    env: Mapping[str, str], *, steps: int, checkpoint_interval: int | None = None,
+    log_every: int = 10,
+) -> TrainerConfig:
+    """The config of a user's own loop (the SDK): the operator's environment, no flags.
+
+    The batch size is the user's business there, so it is set to the process count, which
+    always divides.
+    """
+    distributed = resolve_distributed(env)
+    argv = ["--steps", str(steps), "--log-every", str(log_every),
+            "--batch-size", str(distributed.num_processes if distributed else 1)]
+    if checkpoint_interval is not None:
+        argv += ["--checkpoint-interval", str(checkpoint_interval)]
+    return load_config(argv, env)

@@ -38,6 +38,15 @@ ENV_EXPECT_TPU_CHIPS = "TPUJOB_EXPECT_TPU_CHIPS_PER_HOST"
 ENV_COLLECTIVE_TIMEOUT = "TPUJOB_COLLECTIVE_TIMEOUT_SECONDS"
 ENV_FAULTS = "TPUJOB_FAULTS"
 ENV_TERMINATION_MESSAGE_PATH = "TPUJOB_TERMINATION_MESSAGE_PATH"
+# A rollback after a non-finite loss: restore the newest committed step at or before
+# ENV_RESUME_STEP (steps after it are moved aside, not deleted), and skip data windows.
+# ENV_SKIP_BATCHES is either N (skip N batches right after ENV_RESUME_STEP) or a comma-separated
+# list of STEP:N windows (after step STEP, skip N batches); the operator keeps passing every
+# window on later attempts so a restarted run never sees the skipped data again.
+ENV_RESUME_STEP = "TPUJOB_RESUME_STEP"
+ENV_SKIP_BATCHES = "TPUJOB_SKIP_BATCHES"
+# How many steps between two gathers of the workers' health numbers (default 20).
+ENV_HEALTH_EVERY = "TPUJOB_HEALTH_EVERY_STEPS"
 
 # Annotations the trainer writes on its heartbeat Lease (renewTime is the heartbeat itself).
 HEARTBEAT_STEP = "tpujob.dev/step"
@@ -46,6 +55,18 @@ HEARTBEAT_LOSS = "tpujob.dev/loss"
 HEARTBEAT_STEPS_PER_SECOND = "tpujob.dev/steps-per-second"
 HEARTBEAT_CHECKPOINT_STEP = "tpujob.dev/checkpoint-step"
 HEARTBEAT_ATTEMPT = "tpujob.dev/attempt"
+# Health numbers, published by worker 0 with the heartbeat after each gather (empty until the
+# first). Per-worker values are comma-separated, in process-id order.
+HEARTBEAT_HEALTH_STEP = "tpujob.dev/health-step"
+HEARTBEAT_INPUT_BOUND_FRACTION = "tpujob.dev/input-bound-fraction"
+HEARTBEAT_WORKER_INPUT_BOUND = "tpujob.dev/worker-input-bound-fractions"
+HEARTBEAT_WORKER_STEP_SECONDS = "tpujob.dev/worker-step-seconds"
+HEARTBEAT_WORKER_RSS_BYTES = "tpujob.dev/worker-rss-bytes"
+
+# The fencing token, written by the operator (never by the trainer) on the heartbeat Lease
+# before it creates the pods of attempt N: the decimal attempt number N. A trainer commits a
+# checkpoint only while the token equals its own attempt.
+LEASE_FENCE_ANNOTATION = "tpujob.dev/fence"
 
 
 class ClassHint(enum.StrEnum):
@@ -71,11 +92,13 @@ class ExitCode(enum.IntEnum):
     SHAPE_MISMATCH = 21
     HOST_OOM = 22
     HBM_OOM = 23
+    NON_FINITE_LOSS = 24
     COLLECTIVE_FAILURE = 30
     COORDINATION_TIMEOUT = 31
     CHECKPOINT_RESTORE_FAILED = 40
     CHECKPOINT_SAVE_FAILED = 41
     PREEMPTED = 42
+    FENCED = 43
     DATA_ERROR = 50
 
 
@@ -107,6 +130,10 @@ EXIT_CODES: dict[ExitCode, CodeInfo] = {
     ExitCode.SHAPE_MISMATCH: CodeInfo("SHAPE_MISMATCH", ClassHint.FATAL, "tensor shape mismatch"),
     ExitCode.HOST_OOM: CodeInfo("HOST_OOM", ClassHint.MEDIUM, "host memory exhausted"),
     ExitCode.HBM_OOM: CodeInfo("HBM_OOM", ClassHint.FATAL, "accelerator memory exhausted"),
+    # Medium: a rollback to an earlier checkpoint that skips the offending data may recover.
+    ExitCode.NON_FINITE_LOSS: CodeInfo(
+        "NAN_LOSS", ClassHint.MEDIUM, "the loss became NaN or infinite"
+    ),
     ExitCode.COLLECTIVE_FAILURE: CodeInfo(
         "COLLECTIVE_FAILURE", ClassHint.SOFT, "a collective failed: a peer went away"
     ),
@@ -121,6 +148,10 @@ EXIT_CODES: dict[ExitCode, CodeInfo] = {
     ),
     ExitCode.PREEMPTED: CodeInfo(
         "PREEMPTED", ClassHint.SOFT, "stopped by SIGTERM after saving a checkpoint"
+    ),
+    # Soft: a newer attempt already trains; this one only stepped aside.
+    ExitCode.FENCED: CodeInfo(
+        "FENCED", ClassHint.SOFT, "a newer attempt owns the checkpoints; this attempt stopped"
     ),
     ExitCode.DATA_ERROR: CodeInfo("DATA_ERROR", ClassHint.FATAL, "the input data is invalid"),
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -36,8 +36,15 @@ class LeaseClient(Protocol):
         """Apply `body` to the Lease."""
 
 
+# Bounds every API call, so a partitioned apiserver costs one timeout, never a stuck thread.
+REQUEST_TIMEOUT_SECONDS = 5.0
+
+
 class KubernetesLeaseClient:
-    """`LeaseClient` over the kubernetes client: in-cluster credentials, else KUBECONFIG."""
+    """`LeaseClient` and fencing's `LeaseReader` over the kubernetes client.
+
+    Credentials: in-cluster, else KUBECONFIG.
+    """
 
     def __init__(self) -> None:
         from kubernetes import client, config
@@ -51,7 +58,15 @@ class KubernetesLeaseClient:
     def patch_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         """Merge-patch the Lease; the operator created it and granted `patch` on it alone."""
         self._api.patch_namespaced_lease(name, namespace, body,
-                                         _content_type="application/merge-patch+json")
+                                         _content_type="application/merge-patch+json",
+                                         _request_timeout=REQUEST_TIMEOUT_SECONDS)
+
+    def read_lease_annotations(self, name: str, namespace: str) -> Mapping[str, str]:
+        """The Lease's annotations; the operator granted `get` on it."""
+        lease = self._api.read_namespaced_lease(name, namespace,
+                                                _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        annotations = lease.metadata.annotations if lease.metadata else None
+        return {str(k): str(v) for k, v in (annotations or {}).items()}
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,16 @@ from types import FrameType
 
 import numpy as np
 
-from tpujob_trainer import model
+from tpujob_trainer import model, runtime
 from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.data import IN_FEATURES, make_batch
 from tpujob_trainer.failures import FailureContext
 from tpujob_trainer.faults import FaultKind, due
-from tpujob_trainer.heartbeat import Heartbeat, KubernetesLeaseClient, Progress
+from tpujob_trainer.heartbeat import Progress
 from tpujob_trainer.inject import inject
-from tpujob_trainer.preflight import check_devices, probe_jax
+from tpujob_trainer.loss_guard import LossGuard
+from tpujob_trainer.rollback import data_index
 
 log = logging.getLogger("tpujob_trainer")
 
@@ -47,81 +48,24 @@ class Trainer:
         self._stop_requested.set()
         os.write(2, f"tpujob-trainer: received signal {signum}, saving and stopping\n".encode())
 
-    def _join(self) -> None:
-        import jax
-
-        # gloo makes the CPU backend's collectives real sockets between processes, so a dead
-        # peer breaks the survivors' collective as it would on a TPU slice.
-        jax.config.update(  # type: ignore[no-untyped-call]
-            "jax_cpu_collectives_implementation", "gloo"
-        )
-        distributed = self.config.distributed
-        if distributed is None:
-            return
-        timeout = self.config.collective_timeout_seconds
-        log.info(
-            "joining job: process %d of %d, coordinator %s, heartbeat timeout %ds",
-            distributed.process_id, distributed.num_processes,
-            distributed.coordinator_address, timeout,
-        )
-        jax.distributed.initialize(
-            coordinator_address=distributed.coordinator_address,
-            num_processes=distributed.num_processes,
-            process_id=distributed.process_id,
-            initialization_timeout=max(120, 6 * timeout),
-            heartbeat_timeout_seconds=timeout,
-            shutdown_timeout_seconds=timeout,
-        )
-
-    def _preflight(self) -> str:
-        import jax
-
-        probe = probe_jax(self.config.expect_tpu_chips_per_host > 0)
-        log.info(
-            "devices: backend=%s local=%d global=%d kinds=%s jax=%s",
-            probe.backend, probe.local_devices, jax.device_count(),
-            ",".join(probe.device_kinds), jax.__version__,
-        )
-        backend = check_devices(
-            probe,
-            expect_chips=self.config.expect_tpu_chips_per_host,
-            allow_cpu_fallback=self.config.allow_cpu_fallback,
-        )
-        self.context = replace(self.context, backend=backend)
-        return backend
-
-    def _heartbeat(self) -> Heartbeat | None:
-        lease = self.config.heartbeat_lease
-        if lease is None or self.config.process_id != 0:
-            return None
-        try:
-            client = KubernetesLeaseClient()
-        except Exception as error:
-            log.warning("heartbeat disabled: no Kubernetes credentials (%s)", error)
-            return None
-        heartbeat = Heartbeat(client, name=lease, namespace=self.config.namespace)
-        heartbeat.start()
-        return heartbeat
-
     def run(self) -> ExitCode:
         """Train to `config.steps`; OK, or PREEMPTED after a SIGTERM and a committed save."""
         import jax
 
         cfg = self.config
-        self._join()
+        runtime.join(cfg)
         # Installed after jax.distributed.initialize, which registers its own SIGTERM notifier.
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        backend = self._preflight()
+        backend = runtime.preflight(cfg)
+        self.context = replace(self.context, backend=backend)
         mesh = model.make_mesh()
         train_step = model.make_train_step(mesh)
         state = model.replicate(mesh, model.init_state(cfg.seed))
-        checkpoints = None
         start = 0
-        if cfg.checkpoint_dir:
-            from tpujob_trainer.checkpointing import Checkpoints
-
-            checkpoints = Checkpoints(cfg.checkpoint_dir, keep=cfg.keep)
-            restored = checkpoints.restore(state)
+        client = runtime.lease_client(cfg)
+        checkpoints = runtime.open_checkpoints(cfg, runtime.save_gate(cfg, client))
+        if checkpoints is not None:
+            restored = checkpoints.restore(state, resume_at=cfg.resume_step)
             if restored is not None:
                 state, start = restored.state, restored.step
                 self.context = replace(self.context, checkpoint_step=start)
@@ -129,9 +73,8 @@ class Trainer:
                     log.warning("checkpoint fallback: steps %s could not be restored, resumed "
                                 "from %d", list(restored.skipped), start)
                 log.info("resumed from step %d state_digest=%s", start, model.digest(state))
-        else:
-            log.warning("no checkpoint directory: progress is lost if this process stops")
-        heartbeat = self._heartbeat()
+        heartbeat = runtime.heartbeat(cfg, client)
+        guard = LossGuard()
         local_rows = cfg.batch_size // cfg.num_processes
         first_row = cfg.process_id * local_rows
         local_devices = len(jax.local_devices())
@@ -143,7 +86,10 @@ class Trainer:
             if fault is not None:
                 inject(fault, step + 1, backend)
             features = IN_FEATURES + (fault is not None and fault.kind is FaultKind.SHAPE)
-            batch = make_batch(cfg.seed, step + 1, cfg.batch_size, features)
+            batch = make_batch(cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size,
+                               features)
+            if fault is not None and fault.kind is FaultKind.NAN:
+                batch.x[0, 0] = np.nan  # the real loss of this step becomes NaN
             rows = slice(first_row, first_row + local_rows)
             stop_flags = np.full((local_devices,), int(self._stop_requested.is_set()), np.int32)
             state, loss, stop = train_step(
@@ -155,6 +101,8 @@ class Trainer:
             loss_value = float(model.local_value(loss))
             step += 1
             self.context = replace(self.context, step=step)
+            # The loss is the same on every process (replicated), so all of them stop here.
+            guard.check(step, loss_value)
             if cfg.step_time:
                 time.sleep(cfg.step_time)
             window_steps += 1
@@ -166,8 +114,11 @@ class Trainer:
                 window_start, window_steps = time.monotonic(), 0
             due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or stopping
             if checkpoints and due_to_save and checkpoints.save(step, state):
-                self.context = replace(self.context, checkpoint_step=step)
                 log.info("saving step %d state_digest=%s", step, model.digest(state))
+            if checkpoints:
+                committed = checkpoints.committed_step()
+                if committed is not None:
+                    self.context = replace(self.context, checkpoint_step=committed)
             if heartbeat is not None:
                 heartbeat.progress(Progress(step, cfg.steps, loss_value, rate,
                                             self.context.checkpoint_step, cfg.attempt))
@@ -175,7 +126,9 @@ class Trainer:
                 outcome = ExitCode.PREEMPTED
                 break
         if checkpoints:
-            checkpoints.close()
+            committed = checkpoints.close()
+            if committed is not None:
+                self.context = replace(self.context, checkpoint_step=committed)
             log.info("checkpoint step %s committed", self.context.checkpoint_step)
         if heartbeat is not None:
             heartbeat.stop()

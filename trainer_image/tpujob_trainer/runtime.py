@@ -1,0 +1,128 @@
+"""Setting up one process of a job: join the JAX system, check devices, heartbeat, checkpoints.
+
+Shared by the reference trainer and the SDK (`sdk.Job`), so a user's loop gets exactly the
+behaviour the operator is tested against. Each function does one piece of I/O and logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from tpujob_trainer.config import TrainerConfig
+from tpujob_trainer.faults import restore_error_from
+from tpujob_trainer.fencing import SaveGate
+from tpujob_trainer.heartbeat import Heartbeat, KubernetesLeaseClient
+from tpujob_trainer.preflight import check_devices, probe_jax
+
+if TYPE_CHECKING:
+    from tpujob_trainer.checkpointing import Checkpoints
+
+log = logging.getLogger("tpujob_trainer")
+
+
+def join(config: TrainerConfig) -> None:
+    """Configure JAX for this job and join its distributed system when there is one."""
+    import jax
+
+    # gloo makes the CPU backend's collectives real sockets between processes, so a dead
+    # peer breaks the survivors' collective as it would on a TPU slice.
+    jax.config.update(  # type: ignore[no-untyped-call]
+        "jax_cpu_collectives_implementation", "gloo"
+    )
+    distributed = config.distributed
+    if distributed is None:
+        return
+    timeout = config.collective_timeout_seconds
+    log.info(
+        "joining job: process %d of %d, coordinator %s, heartbeat timeout %ds",
+        distributed.process_id, distributed.num_processes,
+        distributed.coordinator_address, timeout,
+    )
+    jax.distributed.initialize(
+        coordinator_address=distributed.coordinator_address,
+        num_processes=distributed.num_processes,
+        process_id=distributed.process_id,
+        initialization_timeout=max(120, 6 * timeout),
+        heartbeat_timeout_seconds=timeout,
+        shutdown_timeout_seconds=timeout,
+    )
+
+
+def preflight(config: TrainerConfig) -> str:
+    """Check the devices against what the job asked for; the backend, or TrainerError."""
+    import jax
+
+    probe = probe_jax(config.expect_tpu_chips_per_host > 0)
+    log.info(
+        "devices: backend=%s local=%d global=%d kinds=%s jax=%s",
+        probe.backend, probe.local_devices, jax.device_count(),
+        ",".join(probe.device_kinds), jax.__version__,
+    )
+    return check_devices(
+        probe,
+        expect_chips=config.expect_tpu_chips_per_host,
+        allow_cpu_fallback=config.allow_cpu_fallback,
+    )
+
+
+class _NoCredentials:
+    """A LeaseReader for a run whose Lease is configured but whose credentials are not: every
+    read fails, so fencing fails closed and no save commits (and the log says why)."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def read_lease_annotations(self, name: str, namespace: str) -> dict[str, str]:
+        raise PermissionError(f"no Kubernetes credentials: {self._reason}")
+
+
+def lease_client(config: TrainerConfig) -> KubernetesLeaseClient | _NoCredentials | None:
+    """The Lease's client when a Lease is configured; None outside the operator."""
+    if config.heartbeat_lease is None:
+        return None
+    try:
+        return KubernetesLeaseClient()
+    except Exception as error:
+        log.warning("heartbeat disabled and saves fenced off: no Kubernetes credentials (%s)",
+                    error)
+        return _NoCredentials(str(error))
+
+
+def heartbeat(
+    config: TrainerConfig, client: KubernetesLeaseClient | _NoCredentials | None
+) -> Heartbeat | None:
+    """Worker 0's started heartbeat, or None (other workers, no Lease, no credentials)."""
+    lease = config.heartbeat_lease
+    if lease is None or config.process_id != 0 or not isinstance(client, KubernetesLeaseClient):
+        return None
+    beat = Heartbeat(client, name=lease, namespace=config.namespace)
+    beat.start()
+    return beat
+
+
+def save_gate(
+    config: TrainerConfig, client: KubernetesLeaseClient | _NoCredentials | None
+) -> SaveGate | None:
+    """The fencing gate of every save; None (fencing off) when no Lease is configured."""
+    if config.heartbeat_lease is None or client is None:
+        return None
+    from tpujob_trainer.collectives import gather_ints
+
+    return SaveGate(client, lease=config.heartbeat_lease, namespace=config.namespace,
+                    attempt=config.attempt, gather=gather_ints)
+
+
+def open_checkpoints(config: TrainerConfig, gate: SaveGate | None) -> Checkpoints | None:
+    """The job's checkpoints (fenced by `gate`), or None without a checkpoint directory."""
+    if not config.checkpoint_dir:
+        log.warning("no checkpoint directory: progress is lost if this process stops")
+        return None
+    from tpujob_trainer.checkpointing import Checkpoints
+
+    return Checkpoints(
+        config.checkpoint_dir, keep=config.keep, attempt=config.attempt, gate=gate,
+        read_error_from=restore_error_from(
+            config.faults, worker=config.process_id, attempt=config.attempt
+        ),
+    )
