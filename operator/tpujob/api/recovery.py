@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+import re2
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tpujob.api import constants as c
@@ -131,11 +132,22 @@ class UserRule(SpecModel):
     @field_validator("message_pattern")
     @classmethod
     def _compiles(cls, pattern: str | None) -> str | None:
+        # The engine runs user patterns with RE2 (linear time, no backtracking); admission
+        # refuses here exactly what the engine could not run, as the CEL rule does in the
+        # apiserver (CEL's matches() is RE2 too).
         if pattern is not None:
+            options = re2.Options()
+            options.log_errors = False
             try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise InvalidPatternError(f"messagePattern does not compile: {exc}") from exc
+                re2.compile(pattern, options)
+            except re2.error as exc:
+                reason = exc.args[0] if exc.args else exc
+                if isinstance(reason, bytes):
+                    reason = reason.decode("utf-8", "replace")
+                raise InvalidPatternError(
+                    "recovery.rules[].messagePattern is not a valid RE2 regular expression"
+                    f" (lookaround and backreferences are not supported): {reason}"
+                ) from exc
         return pattern
 
     @model_validator(mode="after")

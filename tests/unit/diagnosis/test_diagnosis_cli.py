@@ -66,3 +66,24 @@ def test_eval_rejects_a_malformed_corpus(tmp_path: Path, content: str) -> None:
     status, out = run(["--eval", str(corpus)])
     assert status == 2
     assert "line 1" in out
+
+
+def test_malformed_corpus_line_is_refused_with_its_number(tmp_path: Path) -> None:
+    corpus = tmp_path / "bad.jsonl"
+    good = json.dumps({"text": "x", "label": "soft"})
+    corpus.write_text(f"{good}\n{good}\n{{broken\n", encoding="utf-8")
+    code, out = run(["--eval", str(corpus)])
+    assert code == 2
+    assert "line 3" in out
+
+
+@pytest.mark.timeout(60)
+def test_huge_log_is_diagnosed_from_its_tail(tmp_path: Path) -> None:
+    log = tmp_path / "big.log"
+    filler = "I0101 step ok loss 1.23 aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"
+    with log.open("w", encoding="utf-8") as handle:
+        handle.write(filler * (10_000_000 // len(filler)))
+        handle.write("ImportError: cannot import name 'shard_map' from 'jax'\n")
+    code, out = run(["--log", str(log), "--json"])
+    assert code == 0
+    assert json.loads(out)["class"] == "fatal"
