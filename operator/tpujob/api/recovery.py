@@ -145,7 +145,7 @@ class UserRule(SpecModel):
                 if isinstance(reason, bytes):
                     reason = reason.decode("utf-8", "replace")
                 raise InvalidPatternError(
-                    "recovery.rules[].messagePattern is not a valid RE2 regular expression"
+                    "recovery.rules[].messagePattern does not compile as an RE2 regular expression"
                     f" (lookaround and backreferences are not supported): {reason}"
                 ) from exc
         return pattern
