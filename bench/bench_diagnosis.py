@@ -1,11 +1,12 @@
-"""Benchmark: diagnoses per second on generated 80-line log tails, against a baseline.
+"""Benchmark: per-diagnosis latency (p50/p99) of the engine, and throughput against a baseline.
 
-Run as `python bench/bench_diagnosis.py [--n 10000] [--lines 80] [--out FILE]`. The logs are
-generated from a fixed seed: training chatter followed by one failure's lines, each failure
-with the class it should get. The full engine is timed side by side with a baseline that
-sees only the exit code (what most job controllers classify on), and the JSON result holds
-both rates, their ratio and each one's accuracy on the generated labels. Not a test: the
-numbers depend on the machine.
+Run as `python bench/bench_diagnosis.py [--n 2000] [--big 20] [--baseline REV] [--out FILE]`.
+Logs are generated from a fixed seed: 80 lines of training chatter ending in one failure's
+lines (from a fixed set of mechanisms), and a 10 MB log of chatter ending in a failure. The
+baseline arm is the engine as of `--baseline` (a git revision, default the last commit before
+the current diagnosis work), checked out with `git worktree` into a temporary directory and
+run in a child process on the same logs in the same run; the JSON result holds both arms'
+figures and their throughput ratio. Not a test: the numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -14,132 +15,116 @@ import argparse
 import json
 import platform
 import random
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "operator") not in sys.path:
-    sys.path.insert(0, str(ROOT / "operator"))
-
-from tpujob.diagnosis import Diagnosis, FailureClass, WorkerFacts, diagnose_worker  # noqa: E402
-
 SEED = 20260101
-
-
-@dataclass(frozen=True)
-class Failure:
-    lines: tuple[str, ...]
-    exit_code: int
-    label: FailureClass
-
-
-FAILURES: tuple[Failure, ...] = (
-    Failure(
-        ("jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer",),
-        1,
-        FailureClass.SOFT,
-    ),
-    Failure(
-        (
-            "XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error.",
-            "Ran out of memory in memory space hbm. Used 21.95G of 15.48G hbm.",
-        ),
-        1,
-        FailureClass.FATAL,
-    ),
-    Failure(
-        ("XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Id: checkpoint-sync",),
-        1,
-        FailureClass.MEDIUM,
-    ),
-    Failure(
-        ("TypeError: dot_general requires contracting dimensions to have the same shape",),
-        1,
-        FailureClass.FATAL,
-    ),
-    Failure(
-        ("TPU initialization failed: open(/dev/vfio/0): Device or resource busy",),
-        1,
-        FailureClass.SOFT,
-    ),
-    Failure(
-        ("*** A program or fatal error occurred ... Physical location: tpu3:pe2:2",),
-        134,
-        FailureClass.HARD,
-    ),
-    Failure(("Killed",), 137, FailureClass.MEDIUM),
-    Failure(("ImportError: cannot import name 'runtime' from 'torch_xla'",), 1, FailureClass.FATAL),
-    Failure(("the node was preempted",), 143, FailureClass.SOFT),
-    Failure(("Segmentation fault (core dumped)",), 139, FailureClass.MEDIUM),
+DEFAULT_BASELINE = "4dcfc99"
+TAILS = (
+    "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer",
+    "XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory",
+    "XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Id: checkpoint-sync",
+    "TypeError: dot_general requires contracting dimensions to have the same shape",
+    "Warning NodeNotReady pod/w-0 Node is not ready",
+    "NCCL WARN NET/IB : Got completion from peer 10.0.0.1<1> with error 12, vendor err 129",
+    "HTTPError: 503 Server Error: Service Unavailable for url: https://storage.googleapis.com/b",
+    "training stopped after the last step, no message",
 )
+CHATTER = "I0101 12:00:{:02d}.000 train.py:88] step {} loss {:.4f} throughput 1234.5 tokens/s"
 
 
-def chatter(rng: random.Random, step: int) -> str:
-    loss = rng.uniform(0.5, 3.0)
-    return (
-        f"I0101 12:00:{step % 60:02d}.{rng.randrange(10**6):06d} train.py:88] step={step}"
-        f" loss={loss:.4f} tokens/s={rng.randrange(10_000, 90_000)} lr=3.0e-04"
-    )
+def make_logs(n: int, lines: int) -> list[str]:
+    rng = random.Random(SEED)
+    logs = []
+    for i in range(n):
+        body = [CHATTER.format(k % 60, k, rng.random()) for k in range(lines - 1)]
+        logs.append("\n".join([*body, TAILS[i % len(TAILS)]]))
+    return logs
 
 
-def generate(n: int, lines: int, seed: int = SEED) -> list[tuple[WorkerFacts, FailureClass]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        failure = rng.choice(FAILURES)
-        start = rng.randrange(100_000)
-        body = [chatter(rng, start + i) for i in range(lines - len(failure.lines))]
-        text = "\n".join([*body, *failure.lines])
-        out.append((WorkerFacts(exit_code=failure.exit_code, log_tail=text), failure.label))
-    return out
+def make_big_log(size: int) -> str:
+    line = CHATTER.format(1, 1, 0.5) + "\n"
+    return line * (size // len(line)) + TAILS[3] + "\n"
 
 
-def exit_code_only(facts: WorkerFacts) -> Diagnosis:
-    """The baseline: the same engine, shown nothing but the exit code."""
-    return diagnose_worker(WorkerFacts(exit_code=facts.exit_code))
+def run_arm(n: int, big: int) -> dict[str, float]:
+    """Time the engine importable from sys.path (this process's arm)."""
+    from tpujob.diagnosis import WorkerFacts, diagnose_worker
 
-
-def measure(
-    classify: Callable[[WorkerFacts], Diagnosis],
-    cases: Sequence[tuple[WorkerFacts, FailureClass]],
-) -> dict[str, float]:
-    classify(cases[0][0])  # load the rule table outside the timed loop
+    logs = make_logs(n, 80)
+    diagnose_worker(WorkerFacts(exit_code=1, log_tail=logs[0]))  # load tables and model once
+    times = []
     start = time.perf_counter()
-    verdicts = [classify(facts) for facts, _ in cases]
-    seconds = time.perf_counter() - start
-    correct = sum(v.failure_class is label for v, (_, label) in zip(verdicts, cases, strict=True))
+    for log in logs:
+        t = time.perf_counter()
+        diagnose_worker(WorkerFacts(exit_code=1, log_tail=log))
+        times.append(time.perf_counter() - t)
+    total = time.perf_counter() - start
+    big_log = make_big_log(10_000_000)
+    big_times = []
+    for _ in range(big):
+        t = time.perf_counter()
+        diagnose_worker(WorkerFacts(exit_code=1, log_tail=big_log))
+        big_times.append(time.perf_counter() - t)
+    times.sort()
+    big_times.sort()
     return {
-        "seconds": round(seconds, 4),
-        "diagnoses_per_second": round(len(cases) / seconds, 1),
-        "accuracy_on_generated_labels": round(correct / len(cases), 4),
+        "tail80_p50_ms": 1e3 * times[len(times) // 2],
+        "tail80_p99_ms": 1e3 * times[min(len(times) - 1, int(len(times) * 0.99))],
+        "tail80_per_s": n / total,
+        "log10mb_p50_ms": 1e3 * big_times[len(big_times) // 2],
+        "log10mb_p99_ms": 1e3 * big_times[min(len(big_times) - 1, int(len(big_times) * 0.99))],
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def baseline_arm(rev: str, n: int, big: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "baseline"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev],
+            check=True,
+        )
+        try:
+            paths = [str(tree / "operator"), str(ROOT / "bench")]
+            code = (
+                f"import sys, json; sys.path[:0] = {paths!r};"
+                f"import bench_diagnosis as b; print(json.dumps(b.run_arm({n}, {big})))"
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", code], check=True, capture_output=True, text=True
+            )
+            result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+            return result
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
+            )
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--n", type=int, default=10_000)
-    parser.add_argument("--lines", type=int, default=80)
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--big", type=int, default=20)
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "diagnosis.json")
-    args = parser.parse_args(argv)
-    cases = generate(args.n, args.lines)
-    engine = measure(diagnose_worker, cases)
-    baseline = measure(exit_code_only, cases)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "operator"))
+    current = run_arm(args.n, args.big)
+    baseline = baseline_arm(args.baseline, args.n, args.big)
     result = {
-        "benchmark": "diagnosis",
-        "n": args.n,
-        "lines_per_log": args.lines,
-        "seed": SEED,
+        "machine": platform.platform(),
         "python": platform.python_version(),
-        "engine": engine,
-        "baseline_exit_code_only": baseline,
-        "engine_over_baseline_speed": round(
-            engine["diagnoses_per_second"] / baseline["diagnoses_per_second"], 4
-        ),
+        "n": args.n,
+        "big_runs": args.big,
+        "baseline_revision": args.baseline,
+        "current": current,
+        "baseline": baseline,
+        "throughput_ratio": current["tail80_per_s"] / baseline["tail80_per_s"],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
     return 0
