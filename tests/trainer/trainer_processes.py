@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,8 @@ def trainer(tmp_path: Path) -> Iterator[Launcher]:
     started: list[TrainerProcess] = []
 
     def launch(
-        *args: str, env: Mapping[str, str] | None = None, worker: int = 0, name: str = "run"
+        *args: str, env: Mapping[str, str] | None = None, worker: int = 0, name: str = "run",
+        program: Sequence[str] = ("-m", "tpujob_trainer"),
     ) -> TrainerProcess:
         log_path = tmp_path / f"{name}-{worker}.log"
         message_path = tmp_path / f"{name}-{worker}.termination"
@@ -115,7 +116,7 @@ def trainer(tmp_path: Path) -> Iterator[Launcher]:
         }
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", "tpujob_trainer", *args],
+                [sys.executable, *program, *args],
                 env=full_env, stdout=log_file, stderr=subprocess.STDOUT, cwd=tmp_path,
             )
         started.append(TrainerProcess(process, log_path, message_path, worker))
@@ -133,7 +134,8 @@ def job(trainer: Launcher) -> Callable[..., list[TrainerProcess]]:
     """Start an N-process job on loopback: the same arguments, one process per id."""
 
     def launch_job(
-        *args: str, processes: int = 2, env: Mapping[str, str] | None = None, name: str = "job"
+        *args: str, processes: int = 2, env: Mapping[str, str] | None = None, name: str = "job",
+        program: Sequence[str] = ("-m", "tpujob_trainer"),
     ) -> list[TrainerProcess]:
         address = f"127.0.0.1:{free_port()}"
         return [
@@ -147,6 +149,7 @@ def job(trainer: Launcher) -> Callable[..., list[TrainerProcess]]:
                 },
                 worker=worker,
                 name=name,
+                program=program,
             )
             for worker in range(processes)
         ]

@@ -20,11 +20,17 @@ from typing import Any, Protocol
 from tpujob_trainer.contract import (
     HEARTBEAT_ATTEMPT,
     HEARTBEAT_CHECKPOINT_STEP,
+    HEARTBEAT_HEALTH_STEP,
+    HEARTBEAT_INPUT_BOUND_FRACTION,
     HEARTBEAT_LOSS,
     HEARTBEAT_STEP,
     HEARTBEAT_STEPS_PER_SECOND,
     HEARTBEAT_TOTAL_STEPS,
+    HEARTBEAT_WORKER_INPUT_BOUND,
+    HEARTBEAT_WORKER_RSS_BYTES,
+    HEARTBEAT_WORKER_STEP_SECONDS,
 )
+from tpujob_trainer.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +85,18 @@ class Progress:
     steps_per_second: float
     checkpoint_step: int | None
     attempt: int
+    health: Health | None = None
+
+
+def health_annotations(health: Health) -> dict[str, str]:
+    """The Lease annotations of one health gather (per-worker values comma-separated)."""
+    return {
+        HEARTBEAT_HEALTH_STEP: str(health.step),
+        HEARTBEAT_INPUT_BOUND_FRACTION: f"{health.input_bound_fraction:.4f}",
+        HEARTBEAT_WORKER_INPUT_BOUND: ",".join(f"{v:.4f}" for v in health.worker_input_bound),
+        HEARTBEAT_WORKER_STEP_SECONDS: ",".join(f"{v:.4f}" for v in health.worker_step_seconds),
+        HEARTBEAT_WORKER_RSS_BYTES: ",".join(str(v) for v in health.worker_rss_bytes),
+    }
 
 
 def lease_patch(progress: Progress, now: datetime) -> dict[str, Any]:
@@ -94,6 +112,7 @@ def lease_patch(progress: Progress, now: datetime) -> dict[str, Any]:
                     "" if progress.checkpoint_step is None else str(progress.checkpoint_step)
                 ),
                 HEARTBEAT_ATTEMPT: str(progress.attempt),
+                **(health_annotations(progress.health) if progress.health else {}),
             }
         },
         "spec": {"renewTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")},

@@ -29,7 +29,7 @@ from tpujob_trainer.failures import FailureContext
 from tpujob_trainer.faults import FaultKind, due
 from tpujob_trainer.heartbeat import Progress
 from tpujob_trainer.inject import inject
-from tpujob_trainer.loss_guard import LossGuard
+from tpujob_trainer.loss_guard import LossGuard, NonFiniteLossError
 from tpujob_trainer.rollback import data_index
 
 log = logging.getLogger("tpujob_trainer")
@@ -101,8 +101,15 @@ class Trainer:
             loss_value = float(model.local_value(loss))
             step += 1
             self.context = replace(self.context, step=step)
-            # The loss is the same on every process (replicated), so all of them stop here.
-            guard.check(step, loss_value)
+            # The loss is the same on every process (replicated), so all of them stop here
+            # and may wait for the pending save: the rollback needs the last committed step.
+            try:
+                guard.check(step, loss_value)
+            except NonFiniteLossError:
+                if checkpoints:
+                    committed = checkpoints.wait()
+                    self.context = replace(self.context, checkpoint_step=committed)
+                raise
             if cfg.step_time:
                 time.sleep(cfg.step_time)
             window_steps += 1
