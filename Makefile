@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench e2e-kind clean diagnosis-model
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale e2e-kind clean diagnosis-model
 
 all: test
 
@@ -61,6 +61,14 @@ demo: venv binaries
 bench: venv binaries
 	$(PY) bench/bench_diagnosis.py
 	$(PY) bench/bench_recovery.py
+
+# tpujob against the JobSet controller and plain Indexed Jobs on kwok's fake TPU pools; the
+# default is the quick ladder (minutes). SCALE_ARGS="--scenario ladder drain recovery" runs the
+# full sizes (hours on 2 cores). kwok and JobSet are built from tools/kwok and tools/jobset.
+SCALE_ARGS ?= --quick
+bench-scale: venv binaries
+	tools/build-bench-peers.sh
+	$(PY) bench/bench_scale.py $(SCALE_ARGS)
 
 e2e-kind:
 	hack/e2e-kind.sh

@@ -1,0 +1,136 @@
+"""Summaries across runs (median and spread, ratios against JobSet) and one plot per scenario."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scale.stats import spread
+
+BASELINE = "jobset"
+COLORS = {"tpujob": "tab:blue", "jobset": "tab:orange", "job": "tab:green"}
+
+
+def _get(run: dict[str, Any], path: str) -> Any:
+    cur: Any = run
+    for key in path.split("."):
+        if not isinstance(cur, dict) or key not in cur:
+            return None
+        cur = cur[key]
+    return cur
+
+
+FIGURES = {
+    "ladder": ["create_to_running_s.p50", "create_to_running_s.p99", "create_to_running_s.max",
+               "makespan_s", "pods_per_s", "workloads_running", "pools_shared",
+               "cost.controller_cpu_seconds", "cost.controller_peak_rss_mib",
+               "cost.arm_requests", "cost.processes.kube-apiserver.cpu_seconds"],
+    "drain": ["create_to_running_s.p50", "create_to_running_s.p99", "makespan_s", "pods_per_s",
+              "workloads_done", "cost.controller_cpu_seconds", "cost.controller_peak_rss_mib",
+              "cost.arm_requests", "cost.processes.kube-apiserver.cpu_seconds"],
+    "recovery": ["pods_failed.fault_to_running_s.p50", "pods_failed.fault_to_running_s.p99",
+                 "pods_failed.fault_to_running_s.max", "pods_failed.not_recovered",
+                 "nodes_lost.fault_to_running_s.p50", "nodes_lost.fault_to_running_s.p99",
+                 "nodes_lost.fault_to_running_s.max", "nodes_lost.not_recovered",
+                 "pods_failed.cost.controller_cpu_seconds", "pods_failed.cost.arm_requests",
+                 "nodes_lost.cost.controller_cpu_seconds", "nodes_lost.cost.arm_requests"],
+}
+
+
+def summarize(scenario: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """size -> arm -> figure -> median/min/max over runs, plus ratios to the baseline arm."""
+    out: dict[str, Any] = {}
+    for size in sorted({r["size"] for r in runs}):
+        by_arm: dict[str, Any] = {}
+        for arm in sorted({r["arm"] for r in runs if r["size"] == size}):
+            mine = [r["result"] for r in runs if r["size"] == size and r["arm"] == arm
+                    and "result" in r]
+            errors = [r["error"] for r in runs if r["size"] == size and r["arm"] == arm
+                      and "error" in r]
+            by_arm[arm] = {f: spread([_get(m, f) for m in mine]) for f in FIGURES[scenario]}
+            by_arm[arm]["errors"] = errors
+        base = by_arm.get(BASELINE)
+        if base:
+            for arm, figs in by_arm.items():
+                if arm == BASELINE:
+                    continue
+                figs["ratio_to_jobset"] = {
+                    f: round(figs[f]["median"] / base[f]["median"], 3)
+                    for f in FIGURES[scenario]
+                    if figs[f]["median"] is not None and base[f]["median"]}
+        out[str(size)] = by_arm
+    return out
+
+
+def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any],
+         path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    arms = sorted({r["arm"] for r in runs})
+    if scenario == "ladder":
+        for arm in arms:
+            sizes = sorted(int(s) for s in summary if arm in summary[s])
+            for q, style in (("p50", "-o"), ("p99", "--s")):
+                ys = [summary[str(s)][arm][f"create_to_running_s.{q}"]["median"] for s in sizes]
+                axes[0].plot(sizes, [y if y is not None else float("nan") for y in ys], style,
+                             color=COLORS.get(arm), label=f"{arm} {q}")
+            run_share = [(summary[str(s)][arm]["workloads_running"]["median"] or 0) / s
+                         for s in sizes]
+            axes[1].plot(sizes, [100 * x for x in run_share], "-o", color=COLORS.get(arm),
+                         label=arm)
+        axes[0].set(xlabel="pools = workloads created at once",
+                    ylabel="create -> all pods Running (s)",
+                    title="latency (median of runs; workloads that ran)")
+        axes[1].set(xlabel="pools = workloads", ylabel="% workloads all Running at the end",
+                    title="completion within the timeout", ylim=(0, 105))
+    elif scenario == "drain":
+        for r in runs:
+            if "result" not in r:
+                continue
+            times = r["result"]["done_times_s"]
+            n = r["result"]["workloads"]
+            axes[0].plot(times, [n * (i + 1) / len(times) for i in range(len(times))],
+                         color=COLORS.get(r["arm"]), alpha=0.8,
+                         label=f"{r['arm']} run {r['run']}")
+        axes[0].set(xlabel="seconds since the creates", ylabel="workloads done",
+                    title="workloads done over time")
+        _bars(axes[1], summary, arms, ["makespan_s"], "makespan (s)")
+    else:
+        _bars(axes[0], summary, arms, ["pods_failed.fault_to_running_s.p50",
+                                       "pods_failed.fault_to_running_s.p99",
+                                       "pods_failed.fault_to_running_s.max"],
+              "5 % of pods failed: fault -> running again (s)")
+        _bars(axes[1], summary, arms, ["nodes_lost.fault_to_running_s.p50",
+                                       "nodes_lost.fault_to_running_s.p99",
+                                       "nodes_lost.fault_to_running_s.max"],
+              "2 % of nodes lost: fault -> running again (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"scale: {scenario}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str],
+          title: str) -> None:
+    size = max(summary, key=int)
+    width = 0.8 / max(1, len(arms))
+    for k, arm in enumerate(arms):
+        cell = summary[size].get(arm, {})
+        ys = [(cell.get(f) or {}).get("median") for f in figs]
+        xs = [i + k * width for i in range(len(figs))]
+        ax.bar(xs, [y if y is not None else 0 for y in ys], width, color=COLORS.get(arm),
+               label=arm)
+        for x, y in zip(xs, ys, strict=True):
+            if y is None:
+                ax.text(x, 0, "none", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(figs))],
+                  [f.rsplit(".", 1)[-1] for f in figs])
+    ax.set(title=f"{title}, size {size}")
