@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from trainer_processes import Launcher
+from trainer_processes import Launcher, TrainerProcess
 
 pytestmark = pytest.mark.trainer
 
@@ -61,3 +62,18 @@ def test_a_transient_read_error_on_the_newest_step_is_retried_and_nothing_is_los
     assert "checkpoint step 6: transient read error (OSError" in resumed.log
     assert resumed.digest("resumed from step 6") == first.digest("saving step 6")
     assert sorted(p.name for p in directory.iterdir()) == ["3", "6", "7"]
+
+
+def test_a_read_error_on_one_worker_of_two_keeps_every_step_and_both_resume_together(
+    job: Callable[..., list[TrainerProcess]], tmp_path: Path
+) -> None:
+    directory = str(tmp_path / "ckpt")
+    first = job("--steps", "6", "--checkpoint-dir", directory, *ARGS, name="first")
+    assert [w.wait(180) for w in first] == [0, 0]
+    resumed = job("--steps", "7", "--checkpoint-dir", directory, *ARGS, name="resumed",
+                  env={"TPUJOB_FAULTS": "restore-error@1:worker=1"})
+    assert [w.wait(180) for w in resumed] == [0, 0], resumed[1].log[-2000:]
+    assert "transient read error" in resumed[1].log
+    assert "transient read error" not in resumed[0].log
+    assert all("resumed from step 6" in w.log for w in resumed)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["3", "6", "7"]
