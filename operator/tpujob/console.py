@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, parse_job
+from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
 
 
 def register(subparsers: Any) -> None:
@@ -29,6 +30,9 @@ def register(subparsers: Any) -> None:
     describe.add_argument("-n", "--namespace", default="default")
     describe.add_argument("--kubeconfig", default=None)
     describe.add_argument("--json", action="store_true")
+    describe.add_argument("--project", default=None,
+                          help="warn when no zone of the Cloud TPU catalogue offers the shape")
+    describe.add_argument("--zones", default="", help="comma-separated zones to check")
     describe.set_defaults(handler=_describe)
 
 
@@ -86,7 +90,16 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_lines(job: TPUTrainingJob, now: datetime) -> list[str]:
+def catalogue_warnings(job: TPUTrainingJob, catalogue: Catalogue | None) -> list[str]:
+    """A warning line when the catalogue's zones offer the job's shape nowhere; never blocks."""
+    check = check_shape(catalogue, job.spec.tpu.accelerator, job.spec.tpu.topology)
+    if check.level is not FindingLevel.WARNING:
+        return []
+    return [f"[yellow]warning: {escape(check.message)}[/yellow]"]
+
+
+def describe_lines(job: TPUTrainingJob, now: datetime,
+                   catalogue: Catalogue | None = None) -> list[str]:
     """The describe view as plain lines (rich markup allowed)."""
     st, spec = job.status, job.spec
     lines = [f"[bold]{job.namespace}/{job.name}[/bold]  phase [bold]{st.phase or 'Pending'}"
@@ -128,7 +141,7 @@ def describe_lines(job: TPUTrainingJob, now: datetime) -> list[str]:
     for cond in st.conditions:
         if cond.type == "Failed" and cond.status == "True":
             lines.append(f"[red]failed: {escape(cond.message or '')}[/red]")
-    return lines
+    return lines + catalogue_warnings(job, catalogue)
 
 
 def _describe(args: argparse.Namespace) -> int:
@@ -144,7 +157,13 @@ def _describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**job_row(job), "status": body.get("status", {})}, indent=2))
         return 0
+    catalogue = None
+    if args.project:
+        from tpujob.gcp.client import CatalogueConfig, CatalogueSource, parse_zones
+
+        catalogue = CatalogueSource(CatalogueConfig(
+            project=args.project, zones=parse_zones(args.zones))).refresh()
     console = Console()
-    for line in describe_lines(job, datetime.now(UTC)):
+    for line in describe_lines(job, datetime.now(UTC), catalogue):
         console.print(line, highlight=False)
     return 0

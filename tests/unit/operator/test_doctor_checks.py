@@ -126,3 +126,18 @@ def test_malformed_objects_are_findings_not_crashes() -> None:
                    nodes=[{"metadata": {"labels": {labels.ACCELERATOR: "x"}}, "spec": None}],
                    namespaces=[{}])
     assert exit_status(examine(snap)) == 1
+
+
+@pytest.mark.parametrize(("offers", "warned"), [
+    ({"us-west4-a": (Offer("v6e-16", frozenset({("V6E", "4x4")})),)}, True),
+    ({"us-west4-a": (Offer("v4-16", frozenset({("V4", "2x2x2")})),)}, False),
+    ({}, False),  # an unreadable catalogue warns of nothing
+])
+def test_describe_warns_when_no_zone_offers_the_jobs_shape(
+        offers: dict[str, tuple[Offer, ...]], warned: bool) -> None:
+    from tests.unit.operator.builders import T0, job_body
+    from tpujob.api import parse_job
+    from tpujob.console import describe_lines
+
+    lines = describe_lines(parse_job(job_body()), T0, Catalogue(project="p", offers=offers))
+    assert any("offered in none of the zones us-west4-a" in line for line in lines) is warned
