@@ -136,6 +136,7 @@ def test_malformed_objects_are_findings_not_crashes() -> None:
 def test_describe_warns_when_no_zone_offers_the_jobs_shape(
         offers: dict[str, tuple[Offer, ...]], warned: bool) -> None:
     from tests.unit.operator.builders import T0, job_body
+
     from tpujob.api import parse_job
     from tpujob.console import describe_lines
 
