@@ -12,16 +12,29 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from tpujob.api import ConditionType, InvalidJobError, Phase, parse_status, status_patch
+from tpujob.api import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    InvalidJobError,
+    Phase,
+    parse_status,
+    status_patch,
+)
 from tpujob.kube.apply import Writer
+from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
 from tpujob.kube.observe import Reader, observe
 from tpujob.metrics import Metrics
-from tpujob.plan import Plan, PlannerSettings
+from tpujob.plan import EventSpec, Plan, PlannerSettings
 from tpujob.planning import plan
 
 log = logging.getLogger("tpujob.controller")
 INVALID_SPEC_RETRY_SECONDS = 300.0
+# A refused pod is retried this often: a raised quota or a fixed policy takes effect soon,
+# and each retry is one create call.
+REFUSED_RETRY_SECONDS = 10.0
 
 
 def utc_now() -> dt.datetime:
@@ -67,11 +80,57 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         return INVALID_SPEC_RETRY_SECONDS
     result = plan(observed, now=deps.clock(), settings=deps.settings)
     new_status = status_patch(result.status)
+    written = body
     if new_status != status_patch(parse_status(body.get("status"))):
-        await asyncio.to_thread(deps.writer.write_status, body, new_status)
-    await asyncio.to_thread(_act, deps, body, result)
+        written = await asyncio.to_thread(deps.writer.write_status, body, new_status)
+    try:
+        await asyncio.to_thread(_act, deps, body, result)
+    except PodsRefusedError as err:
+        _tell(deps, namespace, name, result)
+        return await _report_refused(deps, written, err)
     _tell(deps, namespace, name, result)
     return result.requeue_after
+
+
+class PodsRefusedError(Exception):
+    """The apiserver refused to create a pod: quota, an admission webhook, Pod Security."""
+
+    def __init__(self, pod: str, cause: KubeError) -> None:
+        super().__init__(f"pod {pod}: {cause.reason}: {cause.message}")
+        self.pod = pod
+        self.cause = cause
+
+
+def _create_all(deps: Deps, objects: tuple[dict[str, Any], ...]) -> None:
+    for obj in objects:
+        try:
+            deps.writer.create(obj)
+        except (ForbiddenError, InvalidError) as err:
+            raise PodsRefusedError(obj["metadata"]["name"], err) from err
+        except KubeError as err:
+            if err.status != 400:  # an admission webhook's denial
+                raise
+            raise PodsRefusedError(obj["metadata"]["name"], err) from err
+
+
+async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedError) -> float:
+    """Say in the status why the attempt cannot start; retry with a backoff, never silently.
+
+    The status was already written by this reconcile; this second write happens only on this
+    error path, so the reason shows within the reconcile that met it.
+    """
+    status = parse_status(body.get("status"))
+    previous = status.condition(ConditionType.PODS_REFUSED)
+    message = str(err)[:1000]
+    status = status.with_condition(Condition(
+        type=ConditionType.PODS_REFUSED, status=ConditionStatus.TRUE, reason="FailedCreate",
+        message=message, last_transition_time=deps.clock()))
+    if previous is None or previous.status != ConditionStatus.TRUE or \
+            previous.message != message:
+        await asyncio.to_thread(deps.writer.write_status, body, status_patch(status))
+        await asyncio.to_thread(deps.writer.event, body, EventSpec("Warning", "FailedCreate",
+                                                                   message))
+    return REFUSED_RETRY_SECONDS
 
 
 def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
@@ -80,8 +139,10 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
     namespace, name = str(meta["namespace"]), str(meta["name"])
     for deletion in result.delete_pods:
         deps.writer.delete_pod(namespace, deletion)
-    for obj in result.create:
-        deps.writer.create(obj)
+    if result.fence_attempt is not None:
+        lease = next(o for o in result.create if o["kind"] == "Lease")
+        deps.writer.fence(lease, result.fence_attempt)
+    _create_all(deps, result.create)
     for mark in result.mark_nodes:
         deps.writer.mark_node(mark, name)
     if result.delete_job:
@@ -107,8 +168,6 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
 async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobError) -> None:
     """A spec the schema let through but the operator cannot run: say so in a condition."""
     status = parse_status(body.get("status"))  # type: ignore[arg-type]
-    from tpujob.api import Condition, ConditionStatus
-
     message = "; ".join(f"{e.path}: {e.message}" for e in err.errors)[:4000]
     status = status.with_condition(Condition(
         type=ConditionType.SPEC_VALID, status=ConditionStatus.FALSE, reason="InvalidSpec",

@@ -63,6 +63,9 @@ class Plan:
     status: TPUTrainingJobStatus
     create: tuple[dict[str, Any], ...] = ()
     delete_pods: tuple[PodDeletion, ...] = ()
+    # The fencing token written on the heartbeat Lease before any pod of `create` exists: the
+    # attempt that alone may commit checkpoints from now on.
+    fence_attempt: int | None = None
     mark_nodes: tuple[NodeMark, ...] = ()
     events: tuple[EventSpec, ...] = ()
     requeue_after: float = 5.0
@@ -79,6 +82,7 @@ class Draft:
     now: datetime
     create: list[dict[str, Any]] = field(default_factory=list)
     delete_pods: list[PodDeletion] = field(default_factory=list)
+    fence_attempt: int | None = None
     mark_nodes: list[NodeMark] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
     requeue_after: float = 5.0
@@ -107,7 +111,8 @@ class Draft:
 
     def done(self) -> Plan:
         return Plan(status=self.status, create=tuple(self.create),
-                    delete_pods=tuple(self.delete_pods), mark_nodes=tuple(self.mark_nodes),
+                    delete_pods=tuple(self.delete_pods), fence_attempt=self.fence_attempt,
+                    mark_nodes=tuple(self.mark_nodes),
                     events=tuple(self.events), requeue_after=self.requeue_after,
                     delete_job=self.delete_job, diagnosis=self.diagnosis,
                     recovery_seconds=self.recovery_seconds)

@@ -5,16 +5,18 @@ Pure; called by `tpujob.planning` when the current attempt is in trouble.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from tpujob import diagnosis as dx
 from tpujob.api import ConditionType, FailedNode, LastFailure, Phase
 from tpujob.api import constants as c
-from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus, FailureRecord
+from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
 from tpujob.failure_facts import Trouble, node_in_trouble, user_rules
 from tpujob.observed import Observed
 from tpujob.placement import place_slices, placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
+from tpujob.plan_memory import recall, weigh_model_guess
 from tpujob.recovery import Broken, FailJob, Restart, decide
 
 
@@ -23,6 +25,11 @@ def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis) -> Broken:
     lost, moving, slices = [], [], set()
     for pod in pods.values():
         node = obs.nodes.get(pod.node) if pod.node else None
+        if pod.node is not None and pod.unhealthy_devices:
+            # The kubelet says this worker's own chips are unhealthy: node evidence.
+            slices.add(pod.slice)
+            lost.append(pod.node)
+            continue
         if pod.node is None or not node_in_trouble(node):
             continue
         slices.add(pod.slice)
@@ -61,12 +68,23 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
     if _root_may_still_come(obs, trouble, d, draft, settings):
         return
     broken = broken_by(obs, trouble, d)
+    weighed = weigh_model_guess(d)
+    if weighed is not d:  # now retryable: the repeat guard gets its say on it
+        weighed = dx.apply_history(weighed, history, node_name=broken.root_node or "",
+                                   unknown_retry_limit=settings.unknown_retry_limit)
+    recalled = recall(weighed, status.failure_history, attempt=status.attempt,
+                      node=broken.root_node, slice_index=broken.root_slice,
+                      progressed=progressed(obs))
+    d = recalled.diagnosis
+    history_blame = recalled.blamed_node or _busy_device_node(d, broken)
+    if history_blame:
+        slices = broken.slices | ({broken.root_slice} if broken.root_slice is not None else set())
+        broken = replace(broken, history_nodes=(history_blame,), slices=frozenset(slices))
     decision = decide(d, job, broken,
                       base_collective_timeout=settings.collective_timeout_seconds)
     draft.diagnosis = d
-    record = FailureRecord(signature=d.signature[:256], code=str(d.code), step=d.step,
-                           node=broken.root_node)
-    draft.update(failure_history=(*status.failure_history, record)[-FAILURE_HISTORY_LIMIT:])
+    draft.update(failure_history=(*status.failure_history,
+                                  recalled.record)[-FAILURE_HISTORY_LIMIT:])
     draft.timeline("FailureSeen", f"attempt {status.attempt}: pods {', '.join(trouble.pods)}",
                    at=trouble.seen_at)
     draft.timeline("Diagnosed", d.headline)
@@ -81,6 +99,21 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
         _fail(draft, d, trouble, decision)
     else:
         _restart(obs, draft, d, trouble, decision)
+
+
+def progressed(obs: Observed) -> bool:
+    """Whether the current attempt trained: its own heartbeat moved past its first step."""
+    beat, job = obs.heartbeat, obs.job
+    first = job.status.current_attempt.resumed_step
+    return (beat is not None and beat.attempt == job.status.attempt and beat.step is not None
+            and first is not None and beat.step > first)
+
+
+def _busy_device_node(d: dx.Diagnosis, broken: Broken) -> str | None:
+    """The cascade grades a device held busy twice on one node hard: history, node evidence."""
+    if d.code is dx.FailureCode.DEVICE_BUSY and d.failure_class is dx.FailureClass.HARD:
+        return broken.root_node
+    return None
 
 
 # Codes that, alone, say that some other worker went away (the trainer reports them as its own).

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from tpujob import manifests
-from tpujob.api import ConditionType, Phase, Progress, TPUTrainingJob
+from tpujob import labels, manifests
+from tpujob.api import (
+    BadNodeAction,
+    ConditionStatus,
+    ConditionType,
+    Phase,
+    Progress,
+    TPUTrainingJob,
+)
 from tpujob.api.attempt import AttemptStatus
 from tpujob.failure_facts import find_trouble
 from tpujob.observed import Observed, PodView
 from tpujob.placement import place_slices, placement, pools_of
-from tpujob.plan import Draft, Plan, PlannerSettings, PodDeletion
+from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
@@ -38,7 +45,37 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         _new_attempt_after_start_or_resume(obs, draft)
     else:
         _reconcile_attempt(obs, draft, settings)
+    _mark_blamed_nodes(obs, draft)
     return draft.done()
+
+
+def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
+    """The node mark as a journaled effect: due until the node is seen marked, then never again.
+
+    The decision that blames a node is written to the status before the mark is made; a crash
+    in between leaves `marked` unset, and the next reconcile marks the node. Once a reconcile
+    sees the mark it records so, and an administrator who later clears the mark of a repaired
+    node is not overruled.
+    """
+    action = obs.job.spec.recovery.bad_node_action
+    planned = {m.node for m in draft.mark_nodes}
+    updated, changed = [], False
+    for failed in draft.status.failed_nodes:
+        node = obs.nodes.get(failed.name)
+        if failed.marked or node is None or action is BadNodeAction.NONE:
+            updated.append(failed)
+            continue
+        if (node.unschedulable if action is BadNodeAction.CORDON
+                else node.has_taint(labels.BAD_NODE_TAINT)):
+            updated.append(failed.model_copy(update={"marked": True}))
+            changed = True
+            continue
+        updated.append(failed)
+        if failed.name not in planned:
+            draft.mark_nodes.append(NodeMark(failed.name, action, f"{obs.job.namespace}/"
+                                             f"{obs.job.name}: {failed.code or 'hard failure'}"))
+    if changed:
+        draft.update(failed_nodes=tuple(updated))
 
 
 def bad_nodes(job: TPUTrainingJob) -> frozenset[str]:
@@ -150,6 +187,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
         return
     pools = choose_pools(obs, pools_of(current), bad_nodes(job))
     settings = attempt_settings(job, pools, planner)
+    draft.fence_attempt = job.status.attempt
     draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
                      *manifests.heartbeat_rbac(job), *manifests.attempt_pods(job, settings)]
     draft.update(current_attempt=current.model_copy(update={
@@ -182,8 +220,13 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     if trouble is not None:
         handle_failure(obs, draft, trouble, settings)
         return
+    refused = draft.status.condition(ConditionType.PODS_REFUSED)
+    if not missing and refused is not None and refused.status == ConditionStatus.TRUE:
+        draft.condition(ConditionType.PODS_REFUSED, False, "Created",
+                        "every pod of the attempt exists")
     if missing:  # created by a reconcile that did not finish, or removed by someone
         wiring = attempt_settings(job, pools_of(current), settings)
+        draft.fence_attempt = job.status.attempt
         draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
                          *manifests.heartbeat_rbac(job),
                          *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing)]

@@ -62,6 +62,9 @@ class Broken:
     slices: frozenset[int]  # slices with a node of either kind
     root_node: str | None
     root_slice: int | None
+    # Nodes the job's history blames (a failure recurring on the same node): node evidence
+    # the operator itself gathered, unlike a trainer's self-report or a user's rule.
+    history_nodes: tuple[str, ...] = ()
 
 
 def _fatal(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
@@ -109,12 +112,16 @@ CHECKS: tuple[Callable[[dx.Diagnosis, TPUTrainingJob, Broken], FailJob | None], 
 
 
 def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
-    """Nodes a hard failure is blamed on: the broken ones, else the root worker's node."""
+    """Nodes a hard failure is blamed on: only on evidence the operator trusts.
+
+    That is the node's own state (lost, TPUs unhealthy) or the job's history (the failure
+    recurs on that node). A hard grade from the trainer's self-report, a user's rule or the
+    text model moves the slice but blames no node: a job's author must not be able to get a
+    node tainted.
+    """
     if d.failure_class is not dx.FailureClass.HARD or d.code in NOT_THE_NODES_FAULT:
         return ()
-    if broken.lost_nodes:
-        return broken.lost_nodes
-    return (broken.root_node,) if broken.root_node else ()
+    return tuple(dict.fromkeys((*broken.lost_nodes, *broken.history_nodes)))
 
 
 def collective_timeout(base_seconds: int, medium_restarts: int) -> int:

@@ -52,9 +52,18 @@ class AttemptStatus(StatusModel):
 
 
 class FailureRecord(StatusModel):
-    """One earlier failure, for the deterministic-repeat guard."""
+    """One earlier failure: the job's memory for the repeat guard and where failures recur."""
 
     signature: str = Field(max_length=256, description="Diagnosis signature.")
     code: str = Field(max_length=64, description="Failure code.")
     step: int | None = Field(default=None, ge=0, description="Training step at the failure.")
     node: str | None = Field(default=None, max_length=c.MAX_NAME_LENGTH, description="Node.")
+    attempt: int | None = Field(default=None, ge=1, description="Attempt that failed.")
+    slice: int | None = Field(default=None, ge=0, description="Slice of the root worker.")
+    failure_class: str | None = Field(
+        default=None, alias="class", max_length=16, description="Class it was graded.")
+    memory_signature: str | None = Field(
+        default=None, max_length=64,
+        description="Code and normalised root message: equal across attempts, nodes, steps.")
+    progressed: bool | None = Field(
+        default=None, description="The attempt reported training progress of its own.")

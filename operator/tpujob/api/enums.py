@@ -75,3 +75,5 @@ class ConditionType(enum.StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    PODS_REFUSED = "PodsRefused"
+    """True while the apiserver refuses the attempt's pods (quota, admission, Pod Security)."""

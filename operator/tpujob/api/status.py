@@ -80,6 +80,10 @@ class FailedNode(StatusModel):
     name: str = Field(max_length=c.MAX_NAME_LENGTH, description="Node name.")
     time: datetime | None = Field(default=None, description="When it was blamed.")
     code: str | None = Field(default=None, max_length=64, description="Failure code.")
+    marked: bool | None = Field(
+        default=None, description="True once the node was seen tainted or cordoned as "
+        "spec.recovery.badNodeAction says; until then every reconcile marks it again, so an "
+        "operator restart between the decision and the mark cannot lose the mark.")
 
 
 class LastFailure(StatusModel):
@@ -189,15 +193,18 @@ class TPUTrainingJobStatus(StatusModel):
         """A copy with `condition` replacing any condition of the same type.
 
         The transition time is kept when the status value did not change, as Kubernetes
-        conventions ask.
+        conventions ask; the order is kept too, so an unchanged status compares equal and
+        costs no write.
         """
         old = self.condition(condition.type)
         if old is not None and old.status == condition.status and old.last_transition_time:
             condition = condition.model_copy(
                 update={"last_transition_time": old.last_transition_time}
             )
-        others = tuple(x for x in self.conditions if x.type != condition.type)
-        return self.model_copy(update={"conditions": (*others, condition)})
+        if old is None:
+            return self.model_copy(update={"conditions": (*self.conditions, condition)})
+        return self.model_copy(update={"conditions": tuple(
+            condition if x.type == condition.type else x for x in self.conditions)})
 
 
 def status_patch(status: TPUTrainingJobStatus) -> dict[str, Any]:

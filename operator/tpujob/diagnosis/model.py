@@ -36,6 +36,7 @@ class FailureCode(enum.StrEnum):
     CHECKPOINT_SAVE_FAILED = "CHECKPOINT_SAVE_FAILED"
     PREEMPTED = "PREEMPTED"
     DATA_ERROR = "DATA_ERROR"
+    FENCED = "FENCED"
     # Codes only the operator derives.
     HBM_OOM_AT_COMPILE = "HBM_OOM_AT_COMPILE"
     XLA_UNSUPPORTED_OP = "XLA_UNSUPPORTED_OP"

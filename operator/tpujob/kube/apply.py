@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes import client
 
-from tpujob import labels
+from tpujob import contract, labels
 from tpujob.api import GROUP, PLURAL, VERSION, BadNodeAction
 from tpujob.kube.errors import ConflictError, KubeError, NotFoundError, call
 from tpujob.plan import EventSpec, NodeMark, PodDeletion
@@ -60,6 +60,34 @@ class Writer:
             return False
         return True
 
+    def fence(self, lease: dict[str, Any], attempt: int) -> None:
+        """Write `attempt` as the fencing token on the heartbeat Lease (creating it if needed).
+
+        Trainers read the token before committing a checkpoint and stop when a newer attempt
+        holds it, so a worker that only looks dead (a partitioned or NotReady node) cannot
+        overwrite the checkpoints the next attempt restores from. The token only moves forward:
+        a stale reconcile cannot hand the checkpoints back to an older attempt.
+        """
+        meta = lease["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        token = {contract.LEASE_FENCE_ANNOTATION: str(attempt)}
+        try:
+            current = call(self.coordination.read_namespaced_lease, name, namespace)
+        except NotFoundError:
+            body = {**lease, "metadata": {**meta, "annotations": {
+                **(meta.get("annotations") or {}), **token}}}
+            call(self.coordination.create_namespaced_lease, namespace, body)
+            return
+        notes = current.metadata.annotations or {}
+        held = notes.get(contract.LEASE_FENCE_ANNOTATION, "")
+        if held.isdigit() and int(held) >= attempt:
+            return
+        # The resourceVersion makes a concurrent fence from another replica a Conflict.
+        call(self.coordination.patch_namespaced_lease, name, namespace,
+             {"metadata": {"annotations": token,
+                           "resourceVersion": current.metadata.resource_version}},
+             _content_type=MERGE_PATCH)
+
     def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
         options = client.V1DeleteOptions(grace_period_seconds=deletion.grace_seconds,
                                          preconditions=client.V1Preconditions(uid=deletion.uid))
@@ -70,7 +98,10 @@ class Writer:
     def mark_node(self, mark: NodeMark, job: str) -> None:
         if mark.action is BadNodeAction.NONE:
             return
-        node = call(self.core.read_node, mark.node)
+        try:
+            node = call(self.core.read_node, mark.node)
+        except NotFoundError:
+            return  # the node was deleted: nothing left to mark, and other marks still follow
         patch: dict[str, Any] = {"metadata": {"annotations": {labels.BAD_NODE_REASON:
                                                               mark.reason[:256]}}}
         if mark.action is BadNodeAction.CORDON:

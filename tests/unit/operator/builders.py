@@ -90,7 +90,7 @@ def pod(job: dict[str, Any], attempt: int, slice_index: int, worker: int, *,
     return manifest
 
 
-def trainer_message(code: contract.ExitCode, summary: str, step: int = 30) -> str:
+def trainer_message(code: contract.ExitCode, summary: str, step: int | None = 30) -> str:
     info = contract.EXIT_CODES[code]
     return contract.encode_termination_message(contract.TerminationMessage(
         code=info.code, exit_code=int(code), class_hint=info.hint, summary=summary, step=step))

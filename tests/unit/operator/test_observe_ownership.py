@@ -2,33 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.unit.operator.builders import cluster, job_body, pod, running_status
+from tests.unit.operator.builders import job_body, pod, running_status
+from tests.unit.operator.fakes import FakeReader
 
 from tpujob.kube.observe import observe, owned_by
-
-
-class FakeReader:
-    """The reads `observe` makes, over fixed objects."""
-
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
-        self._pods = pods
-
-    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return self._pods
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return cluster()
-
-    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
-        return frozenset()
-
-    def log_tail(self, namespace: str, pod: str) -> str:
-        return ""
 
 
 def test_a_labelled_pod_without_the_jobs_owner_uid_is_ignored() -> None:

@@ -319,7 +319,8 @@ def test_a_missing_pod_is_recreated_wired_like_its_attempt() -> None:
 def test_a_failure_before_the_new_attempts_first_beat_is_not_a_repeat_at_the_old_step() -> None:
     # The Lease still carries attempt 1's last step while attempt 2 restores: a failure then
     # has no step of its own and must not match attempt 1's failure at that step.
-    log = "jax.errors.JaxRuntimeError: INTERNAL: Failed to deserialize executable"
+    log = trainer_message(contract.ExitCode.UNKNOWN_ERROR,
+                          "XlaRuntimeError: INTERNAL: something odd happened", step=None)
     first_job = job_body(status=running_status(progress={"step": 30}))
     stale_beat = lease(renewed=15, step=30, attempt=1)
     first = plan(observed(first_job, two_workers(first_job, phase="Failed", exit_code=1,
@@ -334,3 +335,23 @@ def test_a_failure_before_the_new_attempts_first_beat_is_not_a_repeat_at_the_old
     second = plan(observed(second_job, pods, heartbeat=stale_beat), now=at(60))
     assert second.status.phase is Phase.RECOVERING, second.status.last_failure
     assert second.status.attempt == 3
+
+
+@pytest.mark.parametrize(("taints", "marked", "mark_planned", "marked_after"), [
+    ((), None, True, None),                          # decided, but the mark was lost: redo it
+    ((labels.BAD_NODE_TAINT,), None, False, True),  # seen marked: record it, do nothing
+    ((), True, False, True),                         # marked once, cleared by an admin: leave it
+], ids=["mark-lost", "mark-seen", "admin-cleared"])
+def test_a_blamed_nodes_mark_is_journaled_until_seen(
+        taints: tuple[str, ...], marked: bool | None, mark_planned: bool,
+        marked_after: bool | None) -> None:
+    failed = {"name": "pool-0-w1", "time": "2026-01-01T12:00:05Z", "code": "NODE_LOST"}
+    if marked is not None:
+        failed["marked"] = marked
+    job = job_body(status=running_status(attempt=2, pools=("pool-1",), failedNodes=[failed]))
+    nodes = cluster(**{"pool-0-w1": {"taints": taints}})
+    result = plan(observed(job, [pod(job, 2, 0, 0, node_name="pool-1-w0"),
+                                 pod(job, 2, 0, 1, node_name="pool-1-w1")], nodes=nodes),
+                  now=at(30))
+    assert [m.node for m in result.mark_nodes] == (["pool-0-w1"] if mark_planned else [])
+    assert result.status.failed_nodes[0].marked is marked_after

@@ -1,0 +1,117 @@
+"""One reconcile through the shell: status first, then fence, effects, and Events last."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from tests.unit.operator.builders import at, job_body, pod, running_status, trainer_message
+from tests.unit.operator.fakes import FakeReader, RecordingWriter
+
+from tpujob import contract
+from tpujob.controller import REFUSED_RETRY_SECONDS, Deps, reconcile
+from tpujob.kube.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
+    KubeError,
+    UnavailableError,
+)
+
+
+def run(reader: FakeReader, writer: RecordingWriter) -> float | None:
+    deps = Deps(reader=reader, writer=writer, clock=lambda: at(20))  # type: ignore[arg-type]
+    return asyncio.run(reconcile(deps, "team", "train"))
+
+
+def launching_job() -> dict[str, Any]:
+    status = running_status(attempt=2)
+    status["phase"] = "Recovering"
+    del status["currentAttempt"]["launchedTime"]
+    return job_body(status=status)
+
+
+def test_a_launch_writes_status_then_the_fence_then_the_pods_then_events() -> None:
+    writer = RecordingWriter()
+    run(FakeReader([], body=launching_job()), writer)
+    kinds = writer.kinds()
+    assert kinds[0] == "status"
+    assert ("fence", "2") in writer.calls
+    first_pod = next(i for i, (k, d) in enumerate(writer.calls)
+                     if k == "create" and d.startswith("Pod/"))
+    assert kinds.index("fence") < first_pod
+    events = [i for i, k in enumerate(kinds) if k == "event"]
+    assert all(i > first_pod for i in events)
+
+
+def test_a_status_conflict_leaves_no_effect_behind() -> None:
+    writer = RecordingWriter(fail={"status": ConflictError(409, "Conflict", "changed")})
+    with pytest.raises(ConflictError):
+        run(FakeReader([], body=launching_job()), writer)
+    assert writer.kinds() == ["status"]
+
+
+def test_no_pod_is_created_when_the_fence_cannot_be_written() -> None:
+    writer = RecordingWriter(fail={"fence": UnavailableError(0, "ConnectionRefused", "")})
+    with pytest.raises(UnavailableError):
+        run(FakeReader([], body=launching_job()), writer)
+    assert "create" not in writer.kinds()
+
+
+def test_a_failure_is_on_record_before_pods_are_deleted_or_nodes_marked() -> None:
+    job = job_body(status=running_status())
+    message = trainer_message(contract.ExitCode.SHAPE_MISMATCH, "shapes (8,) and (4,)")
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=1, message=message)]
+    writer = RecordingWriter()
+    run(FakeReader(pods, body=job), writer)
+    assert writer.calls[0] == ("status", "Failed")
+    assert writer.kinds()[-1] == "event"
+
+
+def test_a_finished_job_that_did_not_change_writes_nothing() -> None:
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0, phase="Succeeded"), pod(job, 1, 0, 1, phase="Succeeded")]
+    first = RecordingWriter()
+    run(FakeReader(pods, body=job), first)
+    assert first.calls[0] == ("status", "Succeeded")
+    done = job_body(status=_written_status(job, pods))
+    again = RecordingWriter()
+    run(FakeReader(pods, body=done), again)
+    assert "status" not in again.kinds()
+
+
+def _written_status(job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    from tpujob.api import status_patch
+    from tpujob.kube.observe import observe
+    from tpujob.planning import plan
+
+    result = plan(observe(FakeReader(pods, body=job), job), now=at(20))  # type: ignore[arg-type]
+    return status_patch(result.status)
+
+
+@pytest.mark.parametrize("refusal", [
+    ForbiddenError(403, "Forbidden", 'pods "train-2-0-0" is forbidden: exceeded quota: small'),
+    InvalidError(422, "Invalid", "spec.containers[0].securityContext: Invalid value"),
+    KubeError(400, "BadRequest", 'admission webhook "policy.example.com" denied the request'),
+], ids=["quota", "invalid", "webhook"])
+def test_a_refused_pod_shows_why_in_the_status_and_is_retried(refusal: KubeError) -> None:
+    writer = RecordingWriter(fail={"create-pod": refusal})
+    delay = run(FakeReader([], body=launching_job()), writer)
+    assert delay == REFUSED_RETRY_SECONDS
+    refused = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PodsRefused")
+    assert refused["status"] == "True"
+    assert refusal.message in refused["message"]
+    assert ("event", "FailedCreate") in writer.calls
+
+
+def test_pods_refused_clears_once_every_pod_exists() -> None:
+    status = running_status()
+    status["conditions"] = [{"type": "PodsRefused", "status": "True", "reason": "FailedCreate",
+                             "message": "exceeded quota",
+                             "lastTransitionTime": "2026-01-01T12:00:00Z"}]
+    job = job_body(status=status)
+    writer = RecordingWriter()
+    run(FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job), writer)
+    refused = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PodsRefused")
+    assert refused["status"] == "False"
