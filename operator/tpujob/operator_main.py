@@ -1,4 +1,8 @@
-"""`tpujob operator`: run the operator (kopf) with its metrics endpoint."""
+"""`tpujob operator`: run the operator (kopf) with its metrics and liveness endpoints.
+
+Both endpoints are unauthenticated, so they listen on one address, loopback unless told
+otherwise: the chart passes the pod's own IP, where Prometheus and the kubelet reach them.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,16 @@ from typing import Any
 
 from tpujob.plan import PlannerSettings
 
+DEFAULT_BIND_ADDRESS = "127.0.0.1"
+
+
+def liveness_url(address: str, port: int) -> str | None:
+    """kopf's liveness endpoint for `address`:`port` (IPv6 in brackets); None when port is 0."""
+    if not port:
+        return None
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}/healthz"
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("operator", help="run the TPUTrainingJob operator")
@@ -21,7 +35,11 @@ def register(subparsers: Any) -> None:
                        help="watch only this namespace (repeatable)")
     p.add_argument("--kubeconfig", default=None)
     p.add_argument("--metrics-port", type=int, default=9090, help="0 disables metrics")
+    p.add_argument("--metrics-address", default=DEFAULT_BIND_ADDRESS,
+                   help="address /metrics listens on")
     p.add_argument("--liveness-port", type=int, default=8080, help="0 disables /healthz")
+    p.add_argument("--liveness-address", default=DEFAULT_BIND_ADDRESS,
+                   help="address /healthz listens on")
     p.add_argument("--peering", default=None,
                    help="kopf peering name for leader election between replicas; "
                         "without it the operator runs standalone")
@@ -63,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         restart_grace_seconds=args.restart_grace,
         collective_timeout_seconds=args.collective_timeout))
     if args.metrics_port:
-        start_http_server(args.metrics_port, registry=deps.metrics.registry)
+        start_http_server(args.metrics_port, addr=args.metrics_address,
+                          registry=deps.metrics.registry)
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     namespaces = tuple(args.namespace)
@@ -71,6 +90,5 @@ def run(args: argparse.Namespace) -> int:
         registry=registry, memo=deps, clusterwide=not namespaces, namespaces=namespaces,
         standalone=args.peering is None, peering_name=args.peering,
         priority=args.priority if args.priority is not None else random.randint(1, 10**6),
-        liveness_endpoint=(f"http://0.0.0.0:{args.liveness_port}/healthz"
-                           if args.liveness_port else None)))
+        liveness_endpoint=liveness_url(args.liveness_address, args.liveness_port)))
     return 0

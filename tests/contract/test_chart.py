@@ -27,35 +27,36 @@ TOP_LEVEL_CRDS = REPO_ROOT / "crds"
 
 Manifest = dict[str, Any]
 
-# Every right the operator holds, as (API group, resource) -> verbs. The operator's needs are
-# written down here once; the rendered ClusterRole must match it exactly, so adding a right to
-# the chart means adding it here too, in review.
-EXPECTED_RIGHTS: dict[tuple[str, str], set[str]] = {
-    ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "update", "delete"},
-    ("tpujob.dev", "tputrainingjobs/status"): {"get", "patch", "update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "pods/log"): {"get"},
-    ("", "services"): {"get", "list", "watch", "create", "delete"},
-    ("", "serviceaccounts"): {"get", "list", "watch", "create", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "delete"},
-    ("coordination.k8s.io", "leases"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "update",
-        "patch",
-        "delete",
-    },
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+# Every right the operator holds, as (API group, resource) -> verbs, split by where it holds
+# it. Each is an API call the operator (or kopf for it) makes; the rendered roles must match
+# exactly, so adding a right to the chart means adding it here too, in review.
+CLUSTER_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"get", "list", "watch", "patch"},
-    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
-    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
-    ("", "namespaces"): {"list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
+ALL_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
+                                 ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"}}
+WATCHED_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
+                                     ("", "namespaces"): {"list", "watch"},
+                                     ("", "pods"): {"list"}}
+JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
+    ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "delete"},
+    ("tpujob.dev", "tputrainingjobs/status"): {"patch", "update"},
+    ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "pods/log"): {"get"},
+    ("", "services"): {"create"},
+    ("", "serviceaccounts"): {"create"},
+    ("rbac.authorization.k8s.io", "roles"): {"create"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
+    ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "update", "patch"},
+    ("", "events"): {"create"},
+}
+WATCHED_NAMESPACE_RIGHTS = {**JOB_NAMESPACE_RIGHTS,
+                            ("kopf.dev", "kopfpeerings"): {"list", "watch", "patch"}}
+OWN_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
+    ("", "configmaps"): {"get", "create", "patch"},
+}
+USER_ROLES = {"tpujob-edit", "tpujob-view"}
 
 # The metric names the operator exports (tpujob.metrics); the dashboard may query only these.
 EXPORTED_METRICS = {
@@ -93,6 +94,29 @@ def only(manifests: list[Manifest], kind: str) -> Manifest:
 
 def kinds(manifests: list[Manifest]) -> list[str]:
     return sorted(m["kind"] for m in manifests)
+
+
+def rights(role: Manifest) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def operator_roles(manifests: list[Manifest]) -> list[Manifest]:
+    """The Roles and ClusterRoles bound to the operator (not the users' aggregated ones)."""
+    return [m for m in manifests if m["kind"] in ("Role", "ClusterRole")
+            and m["metadata"]["name"] not in USER_ROLES]
+
+
+def named(manifests: list[Manifest], kind: str, name: str,
+          namespace: str | None = None) -> Manifest:
+    found = [m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name
+             and m["metadata"].get("namespace") == namespace]
+    assert len(found) == 1, f"expected one {kind} {namespace}/{name}, rendered {len(found)}"
+    return found[0]
 
 
 def operator_container(manifests: list[Manifest]) -> Manifest:
@@ -149,8 +173,17 @@ def test_render_follows_replicas_and_watched_namespaces(
     peering_namespaces: list[str | None],
 ) -> None:
     manifests = render(*sets)
+    watched = [n for n in peering_namespaces if n is not None]
+    # Cluster rights and the users' two roles; job-namespace rights cluster-wide or per
+    # namespace; the operator's own-namespace Role; the hostPath policy, and the system-Lease
+    # policy when every namespace is watched.
+    roles = (["ClusterRole"] * 3 + ["ClusterRoleBinding"] + ["Role", "RoleBinding"]
+             + (["Role", "RoleBinding"] * len(watched) if watched
+                else ["ClusterRole", "ClusterRoleBinding"]))
+    policies = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * (
+        1 if watched else 2)
     assert kinds(manifests) == sorted(
-        ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+        ["Deployment", "Service", "ServiceAccount", *roles, *policies]
         + [peering_kind] * len(peering_namespaces)
     )
     assert only(manifests, "Deployment")["spec"]["replicas"] == replicas
@@ -171,56 +204,145 @@ def test_operator_command_line_carries_ports_log_level_and_extra_args() -> None:
         "--all-namespaces",
         "--peering=tpujob-operator",
         "--metrics-port=9090",
+        "--metrics-address=$(POD_IP)",
         "--liveness-port=8080",
+        "--liveness-address=$(POD_IP)",
         "--log-level=DEBUG",
         "--flag-a",
         "--flag-b=1",
     ]
 
 
-def test_cluster_role_has_no_wildcard_and_nothing_on_secrets() -> None:
-    role = only(render(), "ClusterRole")
-    strings = list(walk_strings(role["rules"]))
-    assert strings, "the ClusterRole has no rules"
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)],
+                         ids=["all-namespaces", "watch-namespaces"])
+def test_roles_have_no_wildcard_and_nothing_on_secrets(sets: tuple[str, ...]) -> None:
+    roles = [m for m in render(*sets) if m["kind"] in ("Role", "ClusterRole")]
+    strings = list(walk_strings([r["rules"] for r in roles]))
+    assert all(r["rules"] for r in roles), "a role has no rules"
     assert not [s for s in strings if "*" in s]
     assert not [s for s in strings if "secret" in s.lower()]
-    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"]), (
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"}
+               for role in roles for rule in role["rules"]), (
         "rules use only apiGroups/resources/verbs (no nonResourceURLs, no resourceNames)"
     )
 
 
-def test_cluster_role_grants_exactly_the_rights_the_operator_uses() -> None:
-    granted: dict[tuple[str, str], set[str]] = {}
-    for rule in only(render(), "ClusterRole")["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-    assert granted == EXPECTED_RIGHTS
+def test_every_namespace_gets_the_job_rights_when_every_namespace_is_watched() -> None:
+    manifests = render(namespace="ops")
+    assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator")) == (
+        ALL_NAMESPACES_CLUSTER_RIGHTS)
+    assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator-jobs")) == (
+        JOB_NAMESPACE_RIGHTS)
+    assert rights(named(manifests, "Role", "tpujob-tpujob-operator-own", "ops")) == (
+        OWN_NAMESPACE_RIGHTS)
+    assert len(operator_roles(manifests)) == 3
 
 
-def test_every_cluster_role_rule_says_why() -> None:
-    text = helm(
-        "template", "tpujob", str(CHART), "--show-only", "templates/rbac.yaml"
-    ).stdout.split("\n---\n")[0]
-    lines = text.splitlines()
+def test_watched_namespaces_get_roles_and_nothing_namespaced_is_granted_cluster_wide() -> None:
+    manifests = render("watchNamespaces={team-a,team-b}", namespace="ops")
+    assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator")) == (
+        WATCHED_NAMESPACES_CLUSTER_RIGHTS)
+    for team in ("team-a", "team-b"):
+        role = named(manifests, "Role", "tpujob-tpujob-operator-jobs", team)
+        assert rights(role) == WATCHED_NAMESPACE_RIGHTS
+        binding = named(manifests, "RoleBinding", "tpujob-tpujob-operator-jobs", team)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": "tpujob-tpujob-operator-jobs"}
+    assert rights(named(manifests, "Role", "tpujob-tpujob-operator-own", "ops")) == (
+        OWN_NAMESPACE_RIGHTS)
+    assert len(operator_roles(manifests)) == 4
+    cluster_bindings = [m for m in manifests if m["kind"] == "ClusterRoleBinding"]
+    assert [b["roleRef"]["name"] for b in cluster_bindings] == ["tpujob-tpujob-operator"]
+
+
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)],
+                         ids=["all-namespaces", "watch-namespaces"])
+@pytest.mark.parametrize("template", ["rbac.yaml", "user-roles.yaml"])
+def test_every_role_rule_says_why(template: str, sets: tuple[str, ...]) -> None:
+    args = ["template", "tpujob", str(CHART), "--show-only", f"templates/{template}"]
+    for item in sets:
+        args += ["--set", item]
+    lines = helm(*args).stdout.splitlines()
     rule_lines = [i for i, line in enumerate(lines) if line.strip().startswith("- apiGroups:")]
-    assert len(rule_lines) == len(only(render(), "ClusterRole")["rules"])
-    uncommented = [
-        lines[i + 1].strip() for i in rule_lines if not lines[i - 1].strip().startswith("#")
-    ]
+    assert rule_lines
+    uncommented = [lines[i + 1].strip() for i in rule_lines
+                   if not lines[i - 1].strip().startswith("#")]
     assert not uncommented, f"rules without a comment: {uncommented}"
 
 
-def test_cluster_role_binding_binds_the_operator_service_account() -> None:
-    manifests = render(namespace="ops")
-    binding = only(manifests, "ClusterRoleBinding")
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)],
+                         ids=["all-namespaces", "watch-namespaces"])
+def test_role_bindings_bind_the_operator_service_account(sets: tuple[str, ...]) -> None:
+    manifests = render(*sets, namespace="ops")
     account = only(manifests, "ServiceAccount")
     pod_spec = only(manifests, "Deployment")["spec"]["template"]["spec"]
-    assert binding["roleRef"]["name"] == only(manifests, "ClusterRole")["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ops"}
-    ]
+    bindings = [m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+             for b in bindings}
+    assert bound == {(r["kind"], r["metadata"]["name"], r["metadata"].get("namespace"))
+                     for r in operator_roles(manifests)}
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ops"}
+        ]
     assert pod_spec["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_user_roles_aggregate_into_the_built_in_edit_and_view_roles() -> None:
+    manifests = render()
+    edit = named(manifests, "ClusterRole", "tpujob-edit")
+    view = named(manifests, "ClusterRole", "tpujob-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" not in view["metadata"]["labels"]
+    assert rights(edit)[("tpujob.dev", "tputrainingjobs")] >= {"create", "update", "delete"}
+    assert rights(view) == {("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch"},
+                            ("tpujob.dev", "tputrainingjobs/status"): {"get", "list", "watch"}}
+
+
+def test_readme_says_creating_a_job_is_creating_pods() -> None:
+    readme = " ".join((CHART / "README.md").read_text().split())
+    assert "Creating a TPUTrainingJob is creating pods in its namespace" in readme
+
+
+def host_path_policy(*sets: str) -> tuple[Manifest, Manifest]:
+    manifests = render(*sets)
+    name = "tpujob-tpujob-operator-host-paths"
+    return (named(manifests, "ValidatingAdmissionPolicy", name),
+            named(manifests, "ValidatingAdmissionPolicyBinding", name))
+
+
+@pytest.mark.parametrize(("prefixes", "allowed"), [
+    ("", "[]"),
+    ("{/var/tmp/tpujob/,/data}", '["/var/tmp/tpujob","/data"]'),
+    ("{/}", '["/"]'),
+], ids=["none-by-default", "trailing-slash-trimmed", "root"])
+def test_host_path_policy_carries_the_allowed_prefixes(prefixes: str, allowed: str) -> None:
+    policy, binding = host_path_policy(*([f"hostPathPrefixes={prefixes}"] if prefixes else []))
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["allowed"] == allowed
+    assert "hostPathPrefixes" in policy["spec"]["validations"][0]["messageExpression"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def test_host_path_policy_binds_to_the_watched_namespaces_only() -> None:
+    _, binding = host_path_policy("watchNamespaces={team-a,team-b}")
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert selector == [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                         "values": ["team-a", "team-b"]}]
+
+
+def test_system_lease_policy_names_the_operator_and_the_system_namespaces() -> None:
+    manifests = render(namespace="ops")
+    name = "tpujob-tpujob-operator-system-leases"
+    policy = named(manifests, "ValidatingAdmissionPolicy", name)
+    binding = named(manifests, "ValidatingAdmissionPolicyBinding", name)
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    assert condition == ("request.userInfo.username == "
+                         "'system:serviceaccount:ops:tpujob-tpujob-operator'")
+    values = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+    assert values["values"] == ["kube-system", "kube-node-lease", "kube-public"]
 
 
 @pytest.mark.parametrize(
@@ -306,6 +428,39 @@ def test_operator_runs_unprivileged_on_a_read_only_root() -> None:
     assert "emptyDir" in volume
 
 
+@pytest.mark.parametrize(("sets", "peers"), [
+    ((), None),
+    (("networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",),
+     [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]),
+], ids=["nobody", "monitoring-namespace"])
+def test_network_policy_admits_only_the_listed_peers_to_the_metrics_port(
+        sets: tuple[str, ...], peers: list[Manifest] | None) -> None:
+    manifests = render("networkPolicy.enabled=true", *sets)
+    policy = only(manifests, "NetworkPolicy")
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    if peers is None:
+        assert policy["spec"]["ingress"] == []
+    else:
+        assert policy["spec"]["ingress"] == [
+            {"from": peers, "ports": [{"port": "metrics", "protocol": "TCP"}]}]
+
+
+@pytest.mark.parametrize(("sets", "metrics", "liveness"), [
+    ((), "$(POD_IP)", "$(POD_IP)"),
+    (("metrics.bindAddress=0.0.0.0", "operator.livenessBindAddress=127.0.0.1"),
+     "0.0.0.0", "127.0.0.1"),
+], ids=["pod-ip", "from-values"])
+def test_metrics_and_liveness_listen_where_the_values_say(
+        sets: tuple[str, ...], metrics: str, liveness: str) -> None:
+    container = operator_container(render(*sets))
+    assert f"--metrics-address={metrics}" in container["args"]
+    assert f"--liveness-address={liveness}" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
 def test_liveness_and_metrics_ports_are_wired_to_probe_and_service() -> None:
     manifests = render()
     container = operator_container(manifests)
@@ -328,7 +483,12 @@ def test_liveness_and_metrics_ports_are_wired_to_probe_and_service() -> None:
         (("serviceMonitor.enabled=true",), ["ServiceMonitor"], ["ConfigMap"]),
         (("grafanaDashboard.enabled=true",), ["ConfigMap"], ["ServiceMonitor"]),
         (("metrics.service.enabled=false",), [], ["Service"]),
-        (("rbac.create=false",), [], ["ClusterRole", "ClusterRoleBinding"]),
+        (("rbac.create=false", "rbac.userRoles=false"), [],
+         ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]),
+        (("admissionPolicies.enabled=false",), [],
+         ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]),
+        ((), [], ["NetworkPolicy"]),
+        (("networkPolicy.enabled=true",), ["NetworkPolicy"], []),
     ],
 )
 def test_optional_objects_follow_their_values(
