@@ -157,11 +157,15 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     bad = frozenset(n.name for n in failed)
     keep = {p.slice: p.node_pool for p in status.current_attempt.placement
             if p.slice not in decision.move_slices}
+    # A moved slice leaves its pool even when no node there is blamed (a trainer's own hard
+    # grade): the pool it left ranks with the busy ones, taken again only if nothing else is.
+    left = frozenset(p.node_pool for p in status.current_attempt.placement
+                     if p.slice in decision.move_slices)
     tpu = job.spec.tpu
     pools = place_slices(slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice,
                          accelerator=tpu.accelerator, topology=tpu.topology,
                          nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
-                         busy_pools=obs.busy_pools)
+                         busy_pools=obs.busy_pools | left)
     attempt = status.attempt + 1
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
         else None

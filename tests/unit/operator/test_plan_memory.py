@@ -1,0 +1,88 @@
+"""The job's memory in the planner: where a failure recurs decides its grade and its blame."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.operator.builders import (
+    at,
+    job_body,
+    observed,
+    pod,
+    running_status,
+    trainer_message,
+)
+
+from tpujob import contract
+from tpujob import diagnosis as dx
+from tpujob.api import Phase
+from tpujob.plan import Plan
+from tpujob.plan_memory import weigh_model_guess
+from tpujob.planning import plan
+
+RESTORE_FAILED = trainer_message(contract.ExitCode.CHECKPOINT_RESTORE_FAILED,
+                                 "could not read step 40: EIO", step=None)
+
+
+def fail_worker1(job: dict[str, Any], attempt: int, node: str, message: str,
+                 now: float) -> Plan:
+    pool = node.rsplit("-", 1)[0]
+    pods = [pod(job, attempt, 0, 0, node_name=f"{pool}-w0"),
+            pod(job, attempt, 0, 1, phase="Failed", exit_code=1, message=message,
+                node_name=node)]
+    return plan(observed(job, pods), now=at(now))
+
+
+def next_job(result: Plan, launched: str) -> dict[str, Any]:
+    status = result.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    status["currentAttempt"]["launchedTime"] = launched
+    return job_body(status=status)
+
+
+@pytest.mark.parametrize(("second_node", "phase", "blamed", "evidence"), [
+    ("pool-0-w1", Phase.RECOVERING, ["pool-0-w1"], "seen 2 times in a row on node pool-0-w1"),
+    ("pool-1-w1", Phase.FAILED, [], "seen 2 times on 2 nodes"),
+], ids=["same-node-blames-the-node", "other-nodes-is-the-program"])
+def test_a_failure_that_recurs_is_graded_by_where_it_recurs(
+        second_node: str, phase: Phase, blamed: list[str], evidence: str) -> None:
+    first_job = job_body(status=running_status())
+    first = fail_worker1(first_job, 1, "pool-0-w1", RESTORE_FAILED, now=20)
+    assert first.status.phase is Phase.RECOVERING
+    assert first.status.failed_nodes == ()
+    second = fail_worker1(next_job(first, "2026-01-01T12:00:30Z"), 2, second_node,
+                          RESTORE_FAILED, now=60)
+    assert second.status.phase is phase
+    assert [n.name for n in second.status.failed_nodes] == blamed
+    assert second.status.last_failure is not None
+    assert any(evidence in e for e in second.status.last_failure.evidence)
+    assert evidence in second.status.last_failure.summary
+    told = " ".join(e.message for e in second.events)
+    assert evidence in told
+
+
+def test_a_trainers_own_hard_grade_moves_the_slice_but_blames_no_node() -> None:
+    job = job_body(status=running_status())
+    message = trainer_message(contract.ExitCode.DEVICE_COUNT_MISMATCH, "found 2 of 4 chips",
+                              step=None)
+    result = fail_worker1(job, 1, "pool-0-w1", message, now=20)
+    assert result.status.restarts.hard == 1
+    assert result.status.failed_nodes == ()
+    assert result.mark_nodes == ()
+    assert result.status.current_attempt.placement[0].node_pool != "pool-0"
+
+
+def model_guess(cls: dx.FailureClass, confidence: dx.Confidence) -> dx.Diagnosis:
+    return dx.Diagnosis(failure_class=cls, code=dx.FailureCode.UNKNOWN, summary="odd",
+                        confidence=confidence, rule="text-model", probability=0.5)
+
+
+@pytest.mark.parametrize(("cls", "confidence", "after"), [
+    (dx.FailureClass.FATAL, dx.Confidence.LOW, dx.FailureClass.MEDIUM),
+    (dx.FailureClass.HARD, dx.Confidence.LOW, dx.FailureClass.MEDIUM),
+    (dx.FailureClass.FATAL, dx.Confidence.MEDIUM, dx.FailureClass.FATAL),
+    (dx.FailureClass.SOFT, dx.Confidence.LOW, dx.FailureClass.SOFT),
+], ids=str)
+def test_a_weak_model_guess_never_stops_the_job_or_moves_it(
+        cls: dx.FailureClass, confidence: dx.Confidence, after: dx.FailureClass) -> None:
+    assert weigh_model_guess(model_guess(cls, confidence)).failure_class is after
