@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tpujob.local.agent import sandbox
+from tpujob.local.agent import claims, sandbox
 
 POD: dict[str, Any] = {
     "metadata": {"name": "job-s0-w1", "namespace": "team", "uid": "u-1",
@@ -117,13 +117,14 @@ def test_bwrap_argv_enters_the_pod_namespaces_and_binds_its_paths(tmp_path: Path
                 sandbox.Mount(tmp_path / "sa", sandbox.SERVICE_ACCOUNT_DIR, read_only=True)],
         working_dir="/work", argv=["python", "-m", "x"],
         root_entries=[sandbox.RootEntry("usr"), sandbox.RootEntry("bin", "usr/bin")])
-    assert argv[:7] == ["ip", "netns", "exec", "tpj-x", "bwrap", "--tmpfs", "/"]
+    assert argv[:5] == ["ip", "netns", "exec", "tpj-x", "bwrap"]
     joined = " ".join(argv)
+    assert f"--bind {tmp_path / 'ckpt'} /ckpt" in joined
     assert f"--ro-bind {tmp_path / 'hosts'} /etc/hosts" in joined
     assert f"--bind {tmp_path / 'term'} /dev/termination-log" in joined
     account_dir = sandbox.resolve_target(sandbox.SERVICE_ACCOUNT_DIR)
     assert f"--ro-bind {tmp_path / 'sa'} {account_dir}" in joined
-    assert "--bind /usr /usr" in joined
+    assert "--ro-bind /usr /usr" in joined
     assert "--symlink usr/bin /bin" in joined
     assert "--tmpfs /run" in joined
     assert argv[argv.index("--") + 1:] == ["python", "-m", "x"]
@@ -146,3 +147,116 @@ def test_an_environment_kept_under_tmp_is_bound_into_pods(
     monkeypatch.setattr(sandbox.sys, "path", [str(sources), "/usr/lib/python3"])
     binds = sandbox.own_paths_under_tmp()
     assert [(m.source, m.target, m.read_only) for m in binds] == [(venv, str(venv), True)]
+
+
+def sandbox_argv(tmp_path: Path, mounts: list[sandbox.Mount]) -> list[str]:
+    return sandbox.bwrap_argv(
+        netns="tpj-x", hostname="w1", hosts_file=tmp_path / "hosts", tmp_dir=tmp_path / "tmp",
+        termination_file=tmp_path / "term", termination_path="/dev/termination-log",
+        mounts=mounts, working_dir=None, argv=["trainer"],
+        root_entries=[sandbox.RootEntry("usr"), sandbox.RootEntry("etc"),
+                      sandbox.RootEntry("home")])
+
+
+def writable_targets(argv: list[str]) -> set[str]:
+    """Every path the sandboxed process can write on the host (read-write binds)."""
+    options = argv[:argv.index("--")]
+    return {options[i + 2] for i, arg in enumerate(options) if arg == "--bind"}
+
+
+def test_host_directories_are_read_only_except_what_the_pod_mounts(tmp_path: Path) -> None:
+    argv = sandbox_argv(tmp_path, [sandbox.Mount(tmp_path / "ckpt", "/checkpoints"),
+                                   sandbox.Mount(tmp_path / "cfg", "/config", read_only=True)])
+    assert writable_targets(argv) == {"/tmp", "/dev/termination-log", "/checkpoints"}
+    joined = " ".join(argv)
+    for entry in ("usr", "etc", "home"):
+        assert f"--ro-bind /{entry} /{entry}" in joined
+
+
+def test_the_sandbox_drops_capabilities_gets_a_session_and_dies_with_the_agent(
+        tmp_path: Path) -> None:
+    options = sandbox_argv(tmp_path, [])
+    options = options[:options.index("--")]
+    assert options[options.index("--cap-drop") + 1] == "ALL"
+    assert "--new-session" in options
+    assert "--die-with-parent" in options
+
+
+@pytest.mark.parametrize(("volume", "mount", "read_only"), [
+    ({}, {}, False),
+    ({"readOnly": True}, {}, True),
+    ({}, {"readOnly": True}, True),
+], ids=["writable", "claim-read-only", "mount-read-only"])
+def test_claim_mounts_follow_read_only_on_the_volume_or_the_mount(
+        tmp_path: Path, volume: dict[str, Any], mount: dict[str, Any], read_only: bool) -> None:
+    pod = {**POD, "spec": {**POD["spec"], "volumes": [
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "c", **volume}}]}}
+    container = {"volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt", **mount}]}
+    [found] = sandbox.container_mounts(pod, container, {"ckpt": tmp_path})
+    assert (found.source, found.target, found.read_only) == (tmp_path, "/ckpt", read_only)
+
+
+def test_a_sub_path_cannot_climb_out_of_its_volume(tmp_path: Path) -> None:
+    pod = {**POD, "spec": {**POD["spec"], "volumes": [{"name": "v", "emptyDir": {}}]}}
+    container = {"volumeMounts": [{"name": "v", "mountPath": "/x", "subPath": "../../etc"}]}
+    with pytest.raises(sandbox.StartError, match="subPath"):
+        sandbox.container_mounts(pod, container, {"v": tmp_path})
+
+
+class FakeClaims:
+    """Claims and volumes as the API would return them after the PV controller bound them."""
+
+    def __init__(self, pv_path: Path) -> None:
+        self.claims = {("team", "ckpt"): {
+            "metadata": {"name": "ckpt", "namespace": "team", "uid": "claim-uid"},
+            "spec": {"volumeName": "pv-1"}, "status": {"phase": "Bound"}}}
+        self.volumes = {"pv-1": {"spec": {
+            "hostPath": {"path": str(pv_path)},
+            "claimRef": {"namespace": "team", "name": "ckpt", "uid": "claim-uid"}}}}
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.claims.get((namespace, name))
+
+    def volume(self, name: str) -> dict[str, Any] | None:
+        return self.volumes.get(name)
+
+
+def test_a_bound_claim_mounts_its_volume_directory(tmp_path: Path) -> None:
+    pod = {**POD, "spec": {**POD["spec"], "volumes": [
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]}}
+    lookups = FakeClaims(tmp_path)
+    paths = sandbox.prepare_volumes(
+        pod, tmp_path / "pod", pod_ip="10.1.1.1", lookups=FakeLookups(),
+        claim_path=lambda ns, name: claims.claim_path(ns, name, lookups))
+    assert paths == {"ckpt": tmp_path}
+
+
+def _unbound(c: FakeClaims) -> None:
+    c.claims["team", "ckpt"]["status"] = {"phase": "Pending"}
+
+
+def _claimed_by_another(c: FakeClaims) -> None:
+    c.volumes["pv-1"]["spec"]["claimRef"]["uid"] = "other-uid"
+
+
+def _nfs(c: FakeClaims) -> None:
+    c.volumes["pv-1"]["spec"] = {"nfs": {"server": "x", "path": "/"},
+                                 "claimRef": c.volumes["pv-1"]["spec"]["claimRef"]}
+
+
+def _missing(c: FakeClaims) -> None:
+    c.claims.clear()
+
+
+@pytest.mark.parametrize(("spoil", "message"), [
+    (_missing, "not found"),
+    (_unbound, "not bound"),
+    (_claimed_by_another, "is not bound to claim"),
+    (_nfs, "only hostPath and local"),
+], ids=["missing", "pending", "volume-bound-elsewhere", "unsupported-source"])
+def test_a_claim_that_is_not_bound_to_a_local_volume_does_not_mount(
+        tmp_path: Path, spoil: Any, message: str) -> None:
+    lookups = FakeClaims(tmp_path)
+    spoil(lookups)
+    with pytest.raises(claims.ClaimError, match=message):
+        claims.claim_path("team", "ckpt", lookups)

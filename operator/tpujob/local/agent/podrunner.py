@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tpujob.local import network
-from tpujob.local.agent import sandbox
+from tpujob.local.agent import claims, sandbox
+from tpujob.local.agent.lookups import ApiLookups
 from tpujob.local.agent.runtime import ContainerRuntime, PodRuntime
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
@@ -23,11 +24,16 @@ DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 
 class PodRunner:
     def __init__(self, root: Path, net: network.ClusterNetwork, api: sandbox.ApiEndpoint,
-                 lookups: sandbox.Lookups) -> None:
+                 lookups: sandbox.Lookups, claim_lookups: claims.ClaimLookups | None = None,
+                 ) -> None:
         self.root = root
         self.net = net
         self.api = api
         self.lookups = lookups
+        # Claims are read as the node, through the same client as the other lookups.
+        if claim_lookups is None and isinstance(lookups, ApiLookups):
+            claim_lookups = claims.ApiClaims(lookups.core)
+        self.claim_lookups = claim_lookups
         self.hosts_file = root / "hosts"
         self.root_entries = sandbox.host_root_entries()
         self.runtime_binds = sandbox.own_paths_under_tmp()
@@ -61,7 +67,7 @@ class PodRunner:
         rt.started_at = now
         try:
             volumes = sandbox.prepare_volumes(pod, rt.directory, pod_ip=rt.ip,
-                                              lookups=self.lookups)
+                                              lookups=self.lookups, claim_path=self._claim_path)
         except sandbox.StartError as err:
             rt.start_error = str(err)
             for c in rt.containers:
@@ -74,10 +80,10 @@ class PodRunner:
     def start_container(self, pod: Mapping[str, Any], rt: PodRuntime, c: ContainerRuntime,
                         volumes: Mapping[str, Path] | None = None, *, now: float) -> None:
         spec = next(s for s in pod["spec"]["containers"] if s["name"] == c.name)
-        if volumes is None:
-            volumes = {v["name"]: self._volume_path(rt, v)
-                       for v in pod["spec"].get("volumes") or []}
         try:
+            if volumes is None:
+                volumes = {v["name"]: self._volume_path(rt, v)
+                           for v in pod["spec"].get("volumes") or []}
             env = sandbox.container_env(pod, spec, pod_ip=rt.ip, api=self.api, lookups=self.lookups)
             argv = sandbox.resolve_command(spec, env)
             mounts = sandbox.container_mounts(pod, spec, volumes)
@@ -100,7 +106,17 @@ class PodRunner:
     def _volume_path(self, rt: PodRuntime, vol: Mapping[str, Any]) -> Path:
         if "hostPath" in vol:
             return Path(str(vol["hostPath"]["path"]))
+        if "persistentVolumeClaim" in vol:
+            return self._claim_path(rt.namespace, str(vol["persistentVolumeClaim"]["claimName"]))
         return rt.directory / "volumes" / str(vol["name"])
+
+    def _claim_path(self, namespace: str, claim_name: str) -> Path:
+        if self.claim_lookups is None:
+            raise sandbox.StartError(f"claim {claim_name!r}: this node cannot look up claims")
+        try:
+            return claims.claim_path(namespace, claim_name, self.claim_lookups)
+        except claims.ClaimError as err:
+            raise sandbox.StartError(str(err)) from err
 
     def release_network(self, rt: PodRuntime) -> None:
         """The sandbox of a finished pod goes away; its folders (logs) stay for `logs`."""

@@ -1,10 +1,16 @@
 """How one container of a pod becomes a local process: environment, mounts and the argv.
 
 The process runs inside the pod's network namespace (`ip netns exec`) and a private mount
-namespace (`bwrap`): the host's file system is shared read-write, as an image-less runtime must,
-but `/etc/hosts`, `/tmp`, `/dev`, the termination message file, the pod's volumes and the
-service-account token are the pod's own, at the paths the pod spec names. Nothing here talks to
-the API server; lookups of ConfigMaps, Secrets and tokens come in through `Lookups`.
+namespace (`bwrap`): the host's file system is shared read-only, as an image-less runtime must
+share it (the commands come from this machine), while `/etc/hosts`, `/tmp`, `/dev`, the
+termination message file, the pod's volumes and the service-account token are the pod's own, at
+the paths the pod spec names, and only the pod's volumes are writable host directories. The
+process keeps the agent's user but holds no capabilities, runs in its own session (a terminal
+signal of the agent's does not reach it) and dies with the agent. `runAsUser` and `runAsGroup`
+are not emulated: a pod's processes run as the agent's user, which owns every directory the
+agent makes for it; a read-only root filesystem is what every pod gets here anyway. Nothing
+here talks to the API server; lookups of ConfigMaps, Secrets and tokens come in through
+`Lookups`, claims through `claim_path`.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,8 +122,12 @@ def _env_value(pod: Mapping[str, Any], container: Mapping[str, Any], item: Mappi
     raise StartError(f"env {item['name']}: unsupported valueFrom")
 
 
+# (namespace, claim name) -> the host directory of the PersistentVolume bound to the claim.
+ClaimPath = Callable[[str, str], Path]
+
+
 def prepare_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str,
-                    lookups: Lookups) -> dict[str, Path]:
+                    lookups: Lookups, claim_path: ClaimPath | None = None) -> dict[str, Path]:
     """Materialise the pod's volumes on the host; returns volume name -> host path."""
     meta, spec = pod["metadata"], pod["spec"]
     paths: dict[str, Path] = {}
@@ -133,6 +143,10 @@ def prepare_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str,
                 target.mkdir(parents=True, exist_ok=True)
             elif not target.exists() and kind not in ("", "FileOrCreate"):
                 raise StartError(f"hostPath {target} for volume {name!r} does not exist")
+        elif "persistentVolumeClaim" in vol:
+            if claim_path is None:
+                raise StartError(f"volume {name!r}: this node cannot look up claims")
+            target = claim_path(meta["namespace"], vol["persistentVolumeClaim"]["claimName"])
         elif "projected" in vol:
             _write_files(target, _projected_files(pod, vol["projected"], pod_ip, lookups))
         elif "configMap" in vol:
@@ -209,15 +223,21 @@ class Mount:
 
 def container_mounts(pod: Mapping[str, Any], container: Mapping[str, Any],
                      volumes: Mapping[str, Path]) -> list[Mount]:
+    # A claim mounted readOnly in the pod's volume is read-only in every container.
+    read_only_volumes = {v["name"] for v in pod["spec"].get("volumes") or []
+                         if (v.get("persistentVolumeClaim") or {}).get("readOnly")}
     mounts = []
     for vm in container.get("volumeMounts") or []:
         source = volumes.get(vm["name"])
         if source is None:
             raise StartError(f"volumeMount {vm['name']!r} names no volume of the pod")
         if vm.get("subPath"):
+            if ".." in Path(vm["subPath"]).parts or Path(vm["subPath"]).is_absolute():
+                raise StartError(f"volumeMount {vm['name']!r}: subPath must stay in the volume")
             source = source / vm["subPath"]
             source.mkdir(parents=True, exist_ok=True)
-        mounts.append(Mount(source, vm["mountPath"], bool(vm.get("readOnly"))))
+        read_only = bool(vm.get("readOnly")) or vm["name"] in read_only_volumes
+        mounts.append(Mount(source, vm["mountPath"], read_only))
     return mounts
 
 
@@ -275,22 +295,28 @@ def own_paths_under_tmp() -> list[Mount]:
     return [Mount(p, str(p), read_only=True) for p in kept]
 
 
+# No capabilities (the agent runs as root), a session of its own (setsid: no controlling
+# terminal to inject input through), and death with the agent, so no pod outlives its node.
+SANDBOX_OPTIONS = ("--cap-drop", "ALL", "--new-session", "--die-with-parent")
+
+
 def bwrap_argv(*, netns: str, hostname: str, hosts_file: Path, tmp_dir: Path,
                termination_file: Path, termination_path: str, mounts: list[Mount],
                working_dir: str | None, argv: list[str],
                root_entries: list[RootEntry]) -> list[str]:
     """The full argv: enter the pod's network namespace, then its private mount namespace.
 
-    The root is a fresh tmpfs holding binds of the host's top-level directories, so the mount
-    points a pod needs (/checkpoints, /var/run/secrets/..., /dev/termination-log) are made in
-    the pod's own tmpfs and never on the host.
+    The root is a fresh tmpfs holding read-only binds of the host's top-level directories, so
+    the mount points a pod needs (/checkpoints, /var/run/secrets/..., /dev/termination-log) are
+    made in the pod's own tmpfs and never on the host, and the pod writes only its own /tmp,
+    its termination file and the volumes it mounts.
     """
-    cmd = ["ip", "netns", "exec", netns, "bwrap", "--tmpfs", "/"]
+    cmd = ["ip", "netns", "exec", netns, "bwrap", *SANDBOX_OPTIONS, "--tmpfs", "/"]
     for entry in root_entries:
         if entry.symlink_target is not None:
             cmd += ["--symlink", entry.symlink_target, f"/{entry.name}"]
         else:
-            cmd += ["--bind", f"/{entry.name}", f"/{entry.name}"]
+            cmd += ["--ro-bind", f"/{entry.name}", f"/{entry.name}"]
     cmd += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys",
             "--tmpfs", "/run", "--tmpfs", "/dev/shm", "--bind", str(tmp_dir), "/tmp",
             "--ro-bind", str(hosts_file), "/etc/hosts", "--unshare-uts", "--hostname", hostname,
