@@ -30,8 +30,6 @@ MAINTENANCE_TAINTS = ("cloud.google.com/impending-node-termination",
                       "cloud.google.com/maintenance-window-started")
 MAINTENANCE_LABELS = {"cloud.google.com/active-node-maintenance": "ONGOING",
                       "cloud.google.com/perform-maintenance": "true"}
-# The node condition the TPU device plugin (and the local cluster) sets on failed chips.
-TPU_UNHEALTHY_CONDITION = "TPUUnhealthy"
 
 # Ports of the trainer processes.
 JAX_COORDINATOR_PORT = 8476

@@ -91,10 +91,11 @@ def test_tpu_pools_have_one_node_per_host_with_the_chips_of_a_host() -> None:
     assert [n.name for n in planned if not n.tpu_chips] == ["cpu-pool-w0"]
 
 
-def test_unhealthy_tpu_node_reports_zero_allocatable_and_a_condition() -> None:
+def test_unhealthy_tpu_node_reports_zero_allocatable_and_only_standard_conditions() -> None:
     node = nodes.plan_nodes(1, "tpu-v4-podslice", "2x2x2", spare_nodes=0)[0]
     status = nodes.node_status(node, now="t", tpu_healthy=False, log_port=1, ready_since="t")
     assert status["allocatable"][nodes.TPU_RESOURCE] == "0"
     assert status["capacity"][nodes.TPU_RESOURCE] == "4"
-    cond = next(c for c in status["conditions"] if c["type"] == nodes.TPU_UNHEALTHY_CONDITION)
-    assert cond["status"] == "True"
+    # The device plugin's verdict shows as allocatable, as on GKE; no invented condition.
+    assert {c["type"] for c in status["conditions"]} <= {
+        "Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"}

@@ -41,9 +41,6 @@ def node(name: str, pool: str, *, ready: str = "True", taints: tuple[str, ...] =
          tpu: int = 4, tpu_unhealthy: bool = False, node_labels: dict[str, str] | None = None,
          ) -> dict[str, Any]:
     conditions = [{"type": "Ready", "status": ready}]
-    if tpu_unhealthy:
-        conditions.append({"type": labels.TPU_UNHEALTHY_CONDITION, "status": "True",
-                           "message": "chips unhealthy"})
     return {"metadata": {"name": name, "labels": {
                 labels.NODEPOOL: pool, labels.ACCELERATOR: "tpu-v4-podslice",
                 labels.TOPOLOGY: "2x2x2", **(node_labels or {})}},

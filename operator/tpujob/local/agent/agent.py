@@ -27,7 +27,13 @@ from tpujob.local import network
 from tpujob.local.agent import nodes as nodeplan
 from tpujob.local.agent.lookups import ApiLookups
 from tpujob.local.agent.podrunner import PodRunner
-from tpujob.local.agent.runtime import PodRuntime, pod_status, restart_delay, rfc3339
+from tpujob.local.agent.runtime import (
+    PodRuntime,
+    pod_status,
+    restart_delay,
+    rfc3339,
+    tpu_devices,
+)
 from tpujob.local.agent.sandbox import ApiEndpoint
 from tpujob.local.agent.services import ApiForwarder, LogServer
 from tpujob.local.controlplane import ClusterState
@@ -321,7 +327,8 @@ class Agent:
                 raise
 
     def _post_status(self, pod: Mapping[str, Any], rt: PodRuntime, now: float) -> None:
-        status = pod_status(rt, pod.get("status") or {}, now=now)
+        status = pod_status(rt, pod.get("status") or {}, now=now, tpu=tpu_devices(pod["spec"]),
+                            tpu_healthy=not self.faults[rt.node].tpu_unhealthy)
         if self.posted.get(rt.uid) == status:
             return
         try:
