@@ -198,6 +198,23 @@ def test_node_down_makes_node_not_ready_and_evicts_its_pods(
     wait_for(lambda: node_ready(core, node) == "True", timeout=60, what="Ready again")
 
 
+IN_CLUSTER = textwrap.dedent("""
+    import time
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    config.load_incluster_config()
+    api = client.CoreV1Api()
+    ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+    print("pods:", len(api.list_namespaced_pod(ns).items), flush=True)
+    try:
+        api.list_namespaced_secret(ns)
+        print("secrets: allowed", flush=True)
+    except ApiException as err:
+        print("secrets:", err.status, flush=True)
+    time.sleep(3600)
+""")
+
+
 def test_deployment_pod_uses_its_service_account_with_rbac_enforced(
         cluster: LocalCluster, core: client.CoreV1Api, namespace: str) -> None:
     api = cluster.api_client()
