@@ -1,0 +1,195 @@
+"""Trainer pods against the apiserver's own Pod Security admission, the chart's hostPath policy,
+and a restricted job checkpointing to a PersistentVolumeClaim on the local node.
+
+The pods are the manifests the operator would create (`tpujob.manifests`); admission is judged
+by server-side dry-run, so nothing runs except in the claim test, where the node agent runs the
+pod for real.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from tests.e2e.conftest import ROOT, LocalCluster, wait_for
+from tests.unit.operator.test_manifests_security import HOSTPATH_CASES
+
+from tpujob import manifests, pod_security
+from tpujob.api import GROUP, PLURAL, VERSION, parse_job
+
+pytestmark = pytest.mark.cluster
+
+CHART = ROOT / "charts" / "tpujob-operator"
+ALLOWED_PREFIX = "/var/tmp/tpujob"
+
+
+def job_body(name: str, *, security: dict[str, Any] | None = None,
+             volume: dict[str, Any] | None = None, command: list[str] | None = None,
+             ) -> dict[str, Any]:
+    trainer: dict[str, Any] = {"image": "local", "command": command or ["tpujob-trainer"],
+                               "allowCpuFallback": True, "serviceAccountName": "default"}
+    if security is not None:
+        trainer["security"] = security
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTrainingJob",
+        "metadata": {"name": name},
+        "spec": {"tpu": {"accelerator": "tpu-v4-podslice", "topology": "2x2x2"},
+                 "trainer": trainer,
+                 "checkpoint": {"volume": volume or {"claimName": "checkpoints"}},
+                 "recovery": {"maxFailedNodes": 1}},
+    }
+
+
+def trainer_pod(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    job = parse_job({**body, "metadata": {**body["metadata"], "namespace": namespace,
+                                          "uid": str(uuid.uuid4())}})
+    pod = manifests.trainer_pod(job, manifests.AttemptSettings(attempt=1, pools={}), 0, 0)
+    # No job object exists to own the pod; the garbage collector would delete it at once.
+    del pod["metadata"]["ownerReferences"]
+    return pod
+
+
+@pytest.fixture
+def restricted(core: client.CoreV1Api, namespace: str) -> str:
+    core.patch_namespace(namespace, {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    return namespace
+
+
+def test_trainer_pod_the_operator_creates_is_admitted_in_a_restricted_namespace(
+        core: client.CoreV1Api, restricted: str) -> None:
+    pod = trainer_pod(restricted, job_body("admitted"))
+    created = core.create_namespaced_pod(restricted, pod, dry_run="All")
+    assert created.spec.security_context.run_as_non_root is True
+
+
+@pytest.mark.parametrize(("security", "refusal"), [
+    ({"allowRoot": True, "runAsUser": 0}, "runAsNonRoot != true"),
+    ({"addCapabilities": ["SYS_ADMIN"]}, "unrestricted capabilities"),
+    ({"seccompProfile": "Unconfined"}, "seccompProfile"),
+], ids=["root", "sys-admin", "unconfined"])
+def test_a_relaxed_trainer_is_still_judged_by_the_namespace(
+        core: client.CoreV1Api, restricted: str, security: dict[str, Any],
+        refusal: str) -> None:
+    pod = trainer_pod(restricted, job_body("relaxed", security=security))
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(restricted, pod, dry_run="All")
+    assert refused.value.status == 403
+    assert 'violates PodSecurity "restricted' in refused.value.body
+    assert refusal in refused.value.body
+
+
+def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: str,
+                  only: str) -> str:
+    args = [str(cluster.bin_dir / "helm"), "template", release, str(CHART), "--namespace",
+            namespace, "--show-only", only]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture
+def host_path_policy(cluster: LocalCluster, crds_installed: None,
+                     namespace: str) -> Iterator[str]:
+    """The chart's hostPath policy allowing ALLOWED_PREFIX, bound to this test's namespace."""
+    rendered = helm_template(cluster, f"hp-{namespace[-5:]}", "tpujob-system",
+                             f"hostPathPrefixes={{{ALLOWED_PREFIX}/}}",
+                             f"watchNamespaces={{{namespace}}}",
+                             only="templates/admission-policies.yaml")
+    cluster.kubectl("apply", "-f", "-", input_text=rendered)
+    try:
+        yield namespace
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered,
+                        check=False)
+
+
+def dry_run_job(cluster: LocalCluster, namespace: str, host_path: str) -> str | None:
+    """None when a job with this checkpoint hostPath is admitted, else the refusal."""
+    custom = client.CustomObjectsApi(cluster.api_client())
+    body = job_body("hp", volume={"hostPath": host_path})
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body,
+                                               dry_run="All")
+    except ApiException as err:
+        return str(err.body)
+    return None
+
+
+def test_a_job_asking_for_host_path_root_is_refused_naming_the_setting(
+        cluster: LocalCluster, host_path_policy: str) -> None:
+    # The policy takes effect once the apiserver has loaded it; poll the refusal.
+    refusal = wait_for(lambda: dry_run_job(cluster, host_path_policy, "/"), timeout=30,
+                       what="the hostPath policy to refuse /")
+    assert pod_security.HOSTPATH_SETTING in refusal
+    assert "spec.checkpoint.volume.hostPath / is not under a prefix" in refusal
+    assert dry_run_job(cluster, host_path_policy, f"{ALLOWED_PREFIX}/job-a") is None
+
+
+# The Python rule's table, where the CRD's own schema lets the path through to the policy.
+POLICY_CASES = [(path, allowed) for path, prefixes, allowed in HOSTPATH_CASES
+                if prefixes == [ALLOWED_PREFIX] and path.startswith("/")]
+
+
+def test_the_policy_and_hostpath_allowed_agree(
+        cluster: LocalCluster, host_path_policy: str) -> None:
+    wait_for(lambda: dry_run_job(cluster, host_path_policy, "/"), timeout=30,
+             what="the hostPath policy to refuse /")
+    verdicts = {path: dry_run_job(cluster, host_path_policy, path) is None
+                for path, _ in POLICY_CASES}
+    assert verdicts == {path: pod_security.hostpath_allowed(path, [ALLOWED_PREFIX])
+                        for path, _ in POLICY_CASES}
+    assert verdicts == dict(POLICY_CASES)
+
+
+@pytest.fixture
+def claim(core: client.CoreV1Api, restricted: str, tmp_path: Path) -> Iterator[Path]:
+    """A static hostPath PersistentVolume, as a cluster admin makes it, and a claim bound to it."""
+    directory = tmp_path / "pv"
+    directory.mkdir()
+    pv_name = f"ckpt-{restricted}"
+    core.create_persistent_volume({
+        "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "hostPath": {"path": str(directory), "type": "Directory"}}})
+    core.create_namespaced_persistent_volume_claim(restricted, {
+        "metadata": {"name": "checkpoints"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "volumeName": pv_name, "resources": {"requests": {"storage": "1Gi"}}}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim(
+        "checkpoints", restricted).status.phase == "Bound", timeout=60, what="claim Bound")
+    try:
+        yield directory
+    finally:
+        core.delete_namespaced_persistent_volume_claim("checkpoints", restricted)
+        core.delete_persistent_volume(pv_name)
+
+
+def test_a_restricted_trainer_writes_its_checkpoints_to_a_claim(
+        core: client.CoreV1Api, restricted: str, claim: Path) -> None:
+    script = ("import os; open('/checkpoints/step_1', 'w').write('saved'); "
+              "open('/tmp/scratch', 'w').write('x'); "
+              "os.makedirs('/home/not-mine')")
+    pod = trainer_pod(restricted, job_body("on-claim", command=["python", "-c", script]))
+    core.create_namespaced_pod(restricted, pod)
+    name = pod["metadata"]["name"]
+    phase = wait_for(lambda: core.read_namespaced_pod(name, restricted).status.phase
+                     in ("Succeeded", "Failed") and
+                     core.read_namespaced_pod(name, restricted).status.phase,
+                     timeout=120, what="the pod to finish")
+    log = core.read_namespaced_pod_log(name, restricted)
+    # The claim and /tmp are writable; the rest of the machine is not.
+    assert (claim / "step_1").read_text() == "saved"
+    assert phase == "Failed", log
+    assert "Read-only file system" in log
+    assert not Path("/home/not-mine").exists()

@@ -1,0 +1,225 @@
+"""The chart's RBAC judged by the apiserver: SubjectAccessReviews as the operator's
+ServiceAccount, with the chart's roles applied for real.
+
+What the operator calls must be allowed and nothing else: no verb it never calls, no Lease write
+in `kube-system` or `kube-node-lease`, and with `watchNamespaces` no pod created outside them.
+Watching every namespace RBAC cannot leave the system namespaces out, so there the chart's
+ValidatingAdmissionPolicy must refuse the Lease write instead, which a server-side dry-run shows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from tests.contract.test_chart import (
+    ALL_NAMESPACES_CLUSTER_RIGHTS,
+    JOB_NAMESPACE_RIGHTS,
+    OWN_NAMESPACE_RIGHTS,
+    WATCHED_NAMESPACE_RIGHTS,
+    WATCHED_NAMESPACES_CLUSTER_RIGHTS,
+)
+from tests.e2e.conftest import ROOT, LocalCluster, wait_for
+
+pytestmark = pytest.mark.cluster
+
+CHART = ROOT / "charts" / "tpujob-operator"
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")
+CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
+
+
+@dataclass(frozen=True)
+class Operator:
+    """The chart's ServiceAccount, installed with its roles in `home`, serving `watched`."""
+
+    user: str
+    home: str
+    watched: tuple[str, ...]
+    authz: client.AuthorizationV1Api
+
+    def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
+        resource, _, sub = resource.partition("/")
+        review = {"spec": {
+            "user": self.user,
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{self.home}",
+                       "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                   "subresource": sub, "namespace": namespace or ""}}}
+        return bool(self.authz.create_subject_access_review(review).status.allowed)
+
+
+def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: str) -> str:
+    args = [str(cluster.bin_dir / "helm"), "template", release, str(CHART), "--namespace",
+            namespace, "--show-only", "templates/serviceaccount.yaml", "--show-only",
+            "templates/rbac.yaml", "--show-only", "templates/admission-policies.yaml"]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture
+def other_namespace(core: client.CoreV1Api, namespace: str) -> Iterator[str]:
+    name = f"{namespace[:50]}-other"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def install(cluster: LocalCluster, core: client.CoreV1Api, home: str,
+            watched: tuple[str, ...]) -> Iterator[Operator]:
+    sets = [f"watchNamespaces={{{','.join(watched)}}}"] if watched else []
+    rendered = helm_template(cluster, f"rbac-{home[-5:]}", home, *sets)
+    cluster.kubectl("apply", "-f", "-", input_text=rendered)
+    account = next(d["metadata"]["name"] for d in yaml.safe_load_all(rendered)
+                   if d and d["kind"] == "ServiceAccount")
+    try:
+        yield Operator(f"system:serviceaccount:{home}:{account}", home, watched,
+                       client.AuthorizationV1Api(core.api_client))
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered,
+                        check=False)
+
+
+@pytest.fixture
+def everywhere(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
+               namespace: str) -> Iterator[Operator]:
+    """Installed in `namespace`, watching every namespace (the chart's default)."""
+    yield from install(cluster, core, namespace, ())
+
+
+@pytest.fixture
+def scoped(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
+           namespace: str, other_namespace: str) -> Iterator[Operator]:
+    """Installed in `namespace`, watching only `other_namespace`."""
+    yield from install(cluster, core, namespace, (other_namespace,))
+
+
+def test_watching_everywhere_allows_every_call_and_no_other_verb(
+        everywhere: Operator, other_namespace: str) -> None:
+    wrong = []
+    for rights, where in ((ALL_NAMESPACES_CLUSTER_RIGHTS, None),
+                          (JOB_NAMESPACE_RIGHTS, other_namespace),
+                          (OWN_NAMESPACE_RIGHTS, everywhere.home)):
+        for (group, resource), verbs in rights.items():
+            namespace = None if resource in CLUSTER_SCOPED else where
+            for verb in VERBS:
+                if everywhere.may(verb, group, resource, namespace) != (verb in verbs):
+                    wrong.append((verb, group, resource, namespace))
+    assert not wrong
+
+
+def test_watching_namespaces_allows_every_call_there_and_no_other_verb(
+        scoped: Operator) -> None:
+    wrong = []
+    for rights, where in ((WATCHED_NAMESPACES_CLUSTER_RIGHTS, None),
+                          (WATCHED_NAMESPACE_RIGHTS, scoped.watched[0]),
+                          (OWN_NAMESPACE_RIGHTS, scoped.home)):
+        for (group, resource), verbs in rights.items():
+            namespace = None if resource in CLUSTER_SCOPED else where
+            for verb in VERBS:
+                if scoped.may(verb, group, resource, namespace) != (verb in verbs):
+                    wrong.append((verb, group, resource, namespace))
+    assert not wrong
+
+
+# What the operator never does, whatever the install: each must be refused.
+NEVER = [
+    ("get", "", "secrets"), ("list", "", "secrets"), ("watch", "", "secrets"),
+    ("create", "", "pods/exec"), ("create", "", "pods/eviction"), ("update", "", "pods"),
+    ("patch", "", "pods"), ("create", "tpujob.dev", "tputrainingjobs"),
+    ("update", "tpujob.dev", "tputrainingjobs"), ("delete", "", "services"),
+    ("delete", "", "serviceaccounts"), ("create", "", "serviceaccounts/token"),
+    ("delete", "rbac.authorization.k8s.io", "roles"),
+    ("delete", "rbac.authorization.k8s.io", "rolebindings"),
+    ("bind", "rbac.authorization.k8s.io", "roles"),
+    ("escalate", "rbac.authorization.k8s.io", "roles"),
+    ("delete", "coordination.k8s.io", "leases"), ("create", "apps", "deployments"),
+    ("create", "events.k8s.io", "events"), ("impersonate", "", "serviceaccounts"),
+    ("get", "", "configmaps"),
+]
+NEVER_CLUSTER = [
+    ("delete", "", "nodes"), ("update", "", "nodes"),
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions"),
+    ("create", "rbac.authorization.k8s.io", "clusterroles"),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings"),
+    ("create", "kopf.dev", "clusterkopfpeerings"),
+]
+
+
+@pytest.mark.parametrize("install_kind", ["everywhere", "scoped"])
+def test_operator_is_refused_what_it_never_calls(
+        install_kind: str, request: pytest.FixtureRequest, other_namespace: str) -> None:
+    operator: Operator = request.getfixturevalue(install_kind)
+    job_namespace = other_namespace
+    allowed = [(verb, group, resource) for verb, group, resource in NEVER
+               if operator.may(verb, group, resource, job_namespace)]
+    allowed += [(verb, group, resource) for verb, group, resource in NEVER_CLUSTER
+                if operator.may(verb, group, resource)]
+    assert not allowed
+
+
+def test_watching_namespaces_grants_no_lease_write_in_system_namespaces(
+        scoped: Operator) -> None:
+    granted = [(verb, ns) for ns in SYSTEM_NAMESPACES for verb in ("create", "update", "patch")
+               if scoped.may(verb, "coordination.k8s.io", "leases", ns)]
+    assert not granted
+    assert scoped.may("update", "coordination.k8s.io", "leases", scoped.watched[0])
+
+
+def test_watching_namespaces_creates_no_pod_outside_them(scoped: Operator) -> None:
+    assert scoped.may("create", "", "pods", scoped.watched[0])
+    outside = [ns for ns in (scoped.home, "kube-system", "default")
+               if scoped.may("create", "", "pods", ns)]
+    assert not outside
+    assert not scoped.may("create", "", "pods")
+
+
+def lease_write_refusal(cluster: LocalCluster, operator: Operator, namespace: str) -> str:
+    proc = cluster.kubectl("create", "-f", "-", "--dry-run=server",
+                           "--as", operator.user, "--as-group", "system:serviceaccounts",
+                           "--namespace", namespace, check=False, input_text=yaml.safe_dump({
+                               "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                               "metadata": {"name": "tpujob-probe", "namespace": namespace},
+                               "spec": {"holderIdentity": "tpujob"}}))
+    return proc.stderr if proc.returncode != 0 else ""
+
+
+@pytest.mark.parametrize("system_namespace", SYSTEM_NAMESPACES)
+def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespaces(
+        cluster: LocalCluster, everywhere: Operator, other_namespace: str,
+        system_namespace: str) -> None:
+    refusal = wait_for(lambda: lease_write_refusal(cluster, everywhere, system_namespace),
+                       timeout=30, what=f"the policy to refuse a Lease in {system_namespace}")
+    assert "may not write Leases in system namespaces" in refusal
+    assert lease_write_refusal(cluster, everywhere, other_namespace) == ""
+
+
+@pytest.mark.parametrize(("rule", "allowed"), [
+    # The per-job Role: the trainer may renew only its own heartbeat Lease.
+    ({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+      "resourceNames": ["some-job-heartbeat"], "verbs": ["get", "update", "patch"]}, True),
+    # Granting what the operator does not hold is an escalation the apiserver refuses.
+    ({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}, False),
+], ids=["heartbeat-lease", "secrets-escalation"])
+def test_operator_can_grant_a_heartbeat_role_and_nothing_beyond_its_own_rights(
+        cluster: LocalCluster, scoped: Operator, rule: dict[str, object], allowed: bool,
+) -> None:
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    rbac.api_client.default_headers["Impersonate-User"] = scoped.user
+    role = {"metadata": {"name": "heartbeat"}, "rules": [rule]}
+    try:
+        rbac.create_namespaced_role(scoped.watched[0], role, dry_run="All")
+        refused = None
+    except ApiException as err:
+        refused = err
+    assert (refused is None) == allowed, refused
+    if refused is not None:
+        assert refused.status == 403
