@@ -70,6 +70,11 @@ def test_every_list_is_bounded() -> None:
         (".spec.recovery.backoff.maxSeconds", 300),
         (".spec.recovery.badNodeAction", "taint"),
         (".spec.checkpoint.keep", 3),
+        (".spec.trainer.security", {}),
+        (".spec.trainer.security.runAsUser", 1000),
+        (".spec.trainer.security.allowRoot", False),
+        (".spec.trainer.security.readOnlyRootFilesystem", True),
+        (".spec.trainer.security.seccompProfile", "RuntimeDefault"),
     ],
     ids=str,
 )
