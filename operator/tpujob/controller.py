@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpujob.api import (
@@ -27,6 +27,7 @@ from tpujob.kube.apply import Writer
 from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
 from tpujob.kube.observe import Reader, observe
 from tpujob.metrics import Metrics
+from tpujob.node_health import track_tpu_shortfall
 from tpujob.plan import EventSpec, Plan, PlannerSettings
 from tpujob.planning import plan
 
@@ -51,6 +52,9 @@ class Deps:
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     clock: Callable[[], dt.datetime] = utc_now
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    # Since when each node's allocatable TPUs have been below capacity: the Node object keeps
+    # no such time, so the operator remembers it (a restart only restarts the grace).
+    tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
 
     def __copy__(self) -> Deps:
         return self
@@ -78,7 +82,11 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     except InvalidJobError as err:
         await _report_invalid(deps, body, err)
         return INVALID_SPEC_RETRY_SECONDS
-    result = plan(observed, now=deps.clock(), settings=deps.settings)
+    now = deps.clock()
+    deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since, observed.nodes.values(),
+                                               now=now)
+    observed = replace(observed, tpu_short_since=deps.tpu_short_since)
+    result = plan(observed, now=now, settings=deps.settings)
     new_status = status_patch(result.status)
     written = body
     if new_status != status_patch(parse_status(body.get("status"))):

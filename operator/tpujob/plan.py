@@ -20,6 +20,7 @@ from tpujob.api import (
     TPUTrainingJobStatus,
 )
 from tpujob.api import constants as c
+from tpujob.node_health import DEFAULT_HEALTH, NodeHealthSettings
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class PlannerSettings:
     cascade_settle_seconds: float = 3.0
     # Collective and coordination timeout given the trainer; medium retries double it.
     collective_timeout_seconds: int = 60
+    # How long a node's trouble must last before it is a failure (debounce).
+    node_health: NodeHealthSettings = DEFAULT_HEALTH
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ Pure; called by `tpujob.planning` when the current attempt is in trouble.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from tpujob import diagnosis as dx
 from tpujob.api import ConditionType, FailedNode, LastFailure, Phase
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
-from tpujob.failure_facts import Trouble, node_in_trouble, user_rules
+from tpujob.failure_facts import Trouble, user_rules
+from tpujob.node_health import NodeHealthSettings, judge
 from tpujob.observed import Observed
 from tpujob.placement import place_slices, placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
@@ -20,23 +21,28 @@ from tpujob.plan_memory import recall, weigh_model_guess
 from tpujob.recovery import Broken, FailJob, Restart, decide
 
 
-def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis) -> Broken:
+def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis, *, now: datetime,
+              health: NodeHealthSettings) -> Broken:
+    """Nodes the failure broke, judged with the same debounce as the failure itself: a node
+    NotReady for a moment while its worker failed for another reason is not blamed."""
     pods = {p.name: p for p in obs.attempt_pods(obs.job.status.attempt)}
-    lost, moving, slices = [], [], set()
+    lost: list[str] = []
+    moving: list[str] = []
+    slices: set[int] = set()
     for pod in pods.values():
-        node = obs.nodes.get(pod.node) if pod.node else None
-        if pod.node is not None and pod.unhealthy_devices:
+        if pod.node is None:
+            continue
+        if pod.unhealthy_devices:
             # The kubelet says this worker's own chips are unhealthy: node evidence.
             slices.add(pod.slice)
             lost.append(pod.node)
             continue
-        if pod.node is None or not node_in_trouble(node):
+        verdict = judge(obs.nodes.get(pod.node), now=now, settings=health,
+                        tpu_short_since=obs.tpu_short_since, name=pod.node)
+        if not verdict.trouble.failure:
             continue
         slices.add(pod.slice)
-        if node is None or node.lost or node.tpu_degraded:
-            lost.append(pod.node)
-        else:
-            moving.append(pod.node)
+        (lost if verdict.trouble.broken else moving).append(pod.node)
     root = next((w for w in trouble.facts.workers
                  if d.root_worker is not None and w.worker_index == d.root_worker), None)
     return Broken(lost_nodes=tuple(sorted(set(lost))), moving_nodes=tuple(sorted(set(moving))),
@@ -67,7 +73,7 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
                         history=history, unknown_retry_limit=settings.unknown_retry_limit)
     if _root_may_still_come(obs, trouble, d, draft, settings):
         return
-    broken = broken_by(obs, trouble, d)
+    broken = broken_by(obs, trouble, d, now=draft.now, health=settings.node_health)
     weighed = weigh_model_guess(d)
     if weighed is not d:  # now retryable: the repeat guard gets its say on it
         weighed = dx.apply_history(weighed, history, node_name=broken.root_node or "",

@@ -216,7 +216,7 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
         return
     trouble = find_trouble(obs, job.status.attempt, now=now, launched_at=current.launched_time,
                            stall_timeout=job.spec.recovery.stall_timeout_seconds,
-                           last_step=own_step(obs))
+                           last_step=own_step(obs), health=settings.node_health)
     if trouble is not None:
         handle_failure(obs, draft, trouble, settings)
         return

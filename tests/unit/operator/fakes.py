@@ -14,8 +14,10 @@ class FakeReader:
     """The reads `observe` makes, over fixed objects."""
 
     def __init__(self, pods: list[dict[str, Any]], body: dict[str, Any] | None = None,
-                 lease: dict[str, Any] | None = None) -> None:
+                 lease: dict[str, Any] | None = None,
+                 nodes: list[dict[str, Any]] | None = None) -> None:
         self._pods, self.body, self._lease = pods, body, lease
+        self._nodes = nodes if nodes is not None else cluster()
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.body
@@ -24,7 +26,7 @@ class FakeReader:
         return self._pods
 
     def nodes(self) -> list[dict[str, Any]]:
-        return cluster()
+        return self._nodes
 
     def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._lease

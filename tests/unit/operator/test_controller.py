@@ -6,7 +6,14 @@ import asyncio
 from typing import Any
 
 import pytest
-from tests.unit.operator.builders import at, job_body, pod, running_status, trainer_message
+from tests.unit.operator.builders import (
+    at,
+    cluster,
+    job_body,
+    pod,
+    running_status,
+    trainer_message,
+)
 from tests.unit.operator.fakes import FakeReader, RecordingWriter
 
 from tpujob import contract
@@ -20,8 +27,10 @@ from tpujob.kube.errors import (
 )
 
 
-def run(reader: FakeReader, writer: RecordingWriter) -> float | None:
-    deps = Deps(reader=reader, writer=writer, clock=lambda: at(20))  # type: ignore[arg-type]
+def run(reader: FakeReader, writer: RecordingWriter, deps: Deps | None = None,
+        now: float = 20) -> float | None:
+    deps = deps or Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps.clock = lambda: at(now)
     return asyncio.run(reconcile(deps, "team", "train"))
 
 
@@ -115,3 +124,17 @@ def test_pods_refused_clears_once_every_pod_exists() -> None:
     run(FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job), writer)
     refused = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PodsRefused")
     assert refused["status"] == "False"
+
+
+def test_a_tpu_shortfall_fails_the_node_only_after_its_grace() -> None:
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    nodes = cluster(**{"pool-0-w1": {"tpu": 2}})
+    writer = RecordingWriter()
+    reader = FakeReader(pods, body=job, nodes=nodes)
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    run(reader, writer, deps, now=20)
+    assert "delete" not in writer.kinds()  # a device plugin restart looks like this at first
+    run(reader, writer, deps, now=20 + 61)
+    assert ("delete", "train-1-0-1") in writer.calls
+    assert writer.statuses[-1]["failedNodes"][0]["name"] == "pool-0-w1"
