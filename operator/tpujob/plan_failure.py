@@ -15,9 +15,10 @@ from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
 from tpujob.failure_facts import Trouble, user_rules
 from tpujob.node_health import NodeHealthSettings, judge
 from tpujob.observed import Observed
-from tpujob.placement import place_slices, placement
+from tpujob.placement import placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
 from tpujob.plan_memory import recall, weigh_model_guess
+from tpujob.plan_pools import choose_pools
 from tpujob.recovery import Broken, FailJob, Restart, decide
 
 
@@ -167,11 +168,7 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     # grade): the pool it left ranks with the busy ones, taken again only if nothing else is.
     left = frozenset(p.node_pool for p in status.current_attempt.placement
                      if p.slice in decision.move_slices)
-    tpu = job.spec.tpu
-    pools = place_slices(slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice,
-                         accelerator=tpu.accelerator, topology=tpu.topology,
-                         nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
-                         busy_pools=obs.busy_pools | left)
+    pools = choose_pools(obs, keep, bad, draft=draft, avoid=left)
     attempt = status.attempt + 1
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
         else None

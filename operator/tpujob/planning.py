@@ -22,9 +22,10 @@ from tpujob.api import (
 from tpujob.api.attempt import AttemptStatus
 from tpujob.failure_facts import find_trouble
 from tpujob.observed import Observed, PodView
-from tpujob.placement import place_slices, placement, pools_of
+from tpujob.placement import placement, pools_of
 from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
+from tpujob.plan_pools import choose_pools
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 
@@ -82,19 +83,11 @@ def bad_nodes(job: TPUTrainingJob) -> frozenset[str]:
     return frozenset(n.name for n in job.status.failed_nodes)
 
 
-def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str]) -> dict[int, str]:
-    tpu = obs.job.spec.tpu
-    return place_slices(slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice,
-                        accelerator=tpu.accelerator, topology=tpu.topology,
-                        nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
-                        busy_pools=obs.busy_pools)
-
-
 def _new_attempt_after_start_or_resume(obs: Observed, draft: Draft) -> None:
     job, now = obs.job, draft.now
     resuming = job.status.phase is Phase.SUSPENDED
     pools = choose_pools(obs, pools_of(job.status.current_attempt) if resuming else {},
-                         bad_nodes(job))
+                         bad_nodes(job), draft=draft)
     attempt = job.status.attempt + 1
     draft.update(attempt=attempt, phase=Phase.STARTING,
                  start_time=job.status.start_time or now,
@@ -185,7 +178,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
     if blocking:
         draft.requeue(1.0)
         return
-    pools = choose_pools(obs, pools_of(current), bad_nodes(job))
+    pools = choose_pools(obs, pools_of(current), bad_nodes(job), draft=draft)
     settings = attempt_settings(job, pools, planner)
     draft.fence_attempt = job.status.attempt
     draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),

@@ -355,3 +355,17 @@ def test_a_blamed_nodes_mark_is_journaled_until_seen(
                   now=at(30))
     assert [m.node for m in result.mark_nodes] == (["pool-0-w1"] if mark_planned else [])
     assert result.status.failed_nodes[0].marked is marked_after
+
+
+def test_a_new_job_avoids_a_pool_with_host_maintenance_due_during_its_run() -> None:
+    soon = str(int(at(3600).timestamp()))
+    due = {"node_labels": {labels.SCHEDULED_MAINTENANCE_LABEL: soon}}
+    nodes = cluster(**{"pool-0-w0": due})
+    job = job_body()
+    result = plan(observed(job, nodes=nodes), now=at(0))
+    assert result.status.current_attempt.placement[0].node_pool == "pool-1"
+    every_pool_due = cluster(**{f"pool-{p}-w0": due for p in range(3)})
+    crowded = plan(observed(job_body(), nodes=every_pool_due), now=at(0))
+    assert crowded.status.current_attempt.placement[0].node_pool == "pool-0"
+    notes = [e.message for e in crowded.status.timeline if e.kind == "Placement"]
+    assert notes and "maintenance" in notes[0]

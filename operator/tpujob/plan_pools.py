@@ -1,0 +1,25 @@
+"""Choosing pools for an attempt's slices, with the caveats told: pure, part of planning."""
+
+from __future__ import annotations
+
+from tpujob.observed import Observed
+from tpujob.placement import expected_end, plan_placement
+from tpujob.plan import Draft
+
+
+def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str], *,
+                 draft: Draft, avoid: frozenset[str] = frozenset()) -> dict[int, str]:
+    """Pools for every slice (`keep` stays); a caveat, such as a pool taken although host
+    maintenance is due there within the expected run, goes to the timeline and an Event."""
+    tpu, progress = obs.job.spec.tpu, obs.job.status.progress
+    result = plan_placement(
+        slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice, accelerator=tpu.accelerator,
+        topology=tpu.topology, nodes=obs.nodes.values(), keep=keep, bad_nodes=bad,
+        busy_pools=obs.busy_pools | avoid, now=draft.now,
+        run_until=expected_end(draft.now, step=progress.step if progress else None,
+                               total_steps=obs.job.spec.trainer.total_steps,
+                               steps_per_second=progress.steps_per_second if progress else None))
+    if note := result.describe():
+        draft.timeline("Placement", note)
+        draft.event("Normal", "Placement", note)
+    return result.pools
