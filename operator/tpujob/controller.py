@@ -11,8 +11,10 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from tpujob.api import (
     Condition,
@@ -28,6 +30,7 @@ from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
 from tpujob.kube.observe import Reader, observe
 from tpujob.metrics import Metrics
 from tpujob.node_health import track_tpu_shortfall
+from tpujob.observed import Observed
 from tpujob.plan import EventSpec, Plan, PlannerSettings
 from tpujob.planning import plan
 
@@ -36,6 +39,9 @@ INVALID_SPEC_RETRY_SECONDS = 300.0
 # A refused pod is retried this often: a raised quota or a fixed policy takes effect soon,
 # and each retry is one create call.
 REFUSED_RETRY_SECONDS = 10.0
+SLOW_PLAN_RETRY_SECONDS = 60.0
+API_THREADS = 16
+T = TypeVar("T")
 
 
 def utc_now() -> dt.datetime:
@@ -56,8 +62,20 @@ class Deps:
     # no such time, so the operator remembers it (a restart only restarts the grace).
     tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
 
+    # Blocking client calls and planning run here, not in the loop's default executor (six
+    # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=API_THREADS, thread_name_prefix="tpujob"))
+    # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
+    # guard against the unforeseen, and the loop stays free meanwhile.
+    plan_budget_seconds: float = 10.0
+
     def __copy__(self) -> Deps:
         return self
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call in the operator's executor."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -73,12 +91,12 @@ class Deps:
 
 async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     """Reconcile once; returns seconds until the next reconcile, None when the job is gone."""
-    body = await asyncio.to_thread(deps.reader.job_body, namespace, name)
+    body = await deps.run(deps.reader.job_body, namespace, name)
     if body is None:
         deps.metrics.forget_job(namespace, name)
         return None
     try:
-        observed = await asyncio.to_thread(observe, deps.reader, body)
+        observed = await deps.run(observe, deps.reader, body)
     except InvalidJobError as err:
         await _report_invalid(deps, body, err)
         return INVALID_SPEC_RETRY_SECONDS
@@ -86,13 +104,18 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since, observed.nodes.values(),
                                                now=now)
     observed = replace(observed, tpu_short_since=deps.tpu_short_since)
-    result = plan(observed, now=now, settings=deps.settings)
+    try:
+        result = await asyncio.wait_for(
+            deps.run(partial(plan, observed, now=now, settings=deps.settings)),
+            timeout=deps.plan_budget_seconds)
+    except TimeoutError:
+        return await _report_slow_plan(deps, body, observed)
     new_status = status_patch(result.status)
     written = body
     if new_status != status_patch(parse_status(body.get("status"))):
-        written = await asyncio.to_thread(deps.writer.write_status, body, new_status)
+        written = await deps.run(deps.writer.write_status, body, new_status)
     try:
-        await asyncio.to_thread(_act, deps, body, result)
+        await deps.run(_act, deps, body, result)
     except PodsRefusedError as err:
         _tell(deps, namespace, name, result)
         return await _report_refused(deps, written, err)
@@ -135,8 +158,8 @@ async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedErro
         message=message, last_transition_time=deps.clock()))
     if previous is None or previous.status != ConditionStatus.TRUE or \
             previous.message != message:
-        await asyncio.to_thread(deps.writer.write_status, body, status_patch(status))
-        await asyncio.to_thread(deps.writer.event, body, EventSpec("Warning", "FailedCreate",
+        await deps.run(deps.writer.write_status, body, status_patch(status))
+        await deps.run(deps.writer.event, body, EventSpec("Warning", "FailedCreate",
                                                                    message))
     return REFUSED_RETRY_SECONDS
 
@@ -173,6 +196,21 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
                             status.failed_node_budget_left)
 
 
+async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:
+    """Planning overran its budget: say so on this job and let every other job go on."""
+    rules = [r.message_pattern for r in observed.job.spec.recovery.rules if r.message_pattern]
+    message = (f"planning this job took longer than {deps.plan_budget_seconds:.0f}s and was "
+               f"abandoned; it is retried in {SLOW_PLAN_RETRY_SECONDS:.0f}s")
+    if rules:
+        message += "; spec.recovery.rules patterns: " + ", ".join(repr(r) for r in rules)
+    status = parse_status(body.get("status")).with_condition(Condition(
+        type=ConditionType.PLANNING_SLOW, status=ConditionStatus.TRUE,
+        reason="PlanningBudgetExceeded", message=message[:1000],
+        last_transition_time=deps.clock()))
+    await deps.run(deps.writer.write_status, body, status_patch(status))
+    return SLOW_PLAN_RETRY_SECONDS
+
+
 async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobError) -> None:
     """A spec the schema let through but the operator cannot run: say so in a condition."""
     status = parse_status(body.get("status"))  # type: ignore[arg-type]
@@ -183,4 +221,4 @@ async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobEr
         update={"phase": Phase.PENDING})
     new = status_patch(status)
     if new != status_patch(parse_status(body.get("status"))):  # type: ignore[arg-type]
-        await asyncio.to_thread(deps.writer.write_status, body, new)
+        await deps.run(deps.writer.write_status, body, new)

@@ -38,6 +38,9 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     draft = Draft(status=job.status, now=now, requeue_after=settings.poll_seconds)
     draft.update(observed_generation=job.metadata.get("generation"))
     draft.condition(ConditionType.SPEC_VALID, True, "Valid")
+    slow = job.status.condition(ConditionType.PLANNING_SLOW)
+    if slow is not None and slow.status == ConditionStatus.TRUE:
+        draft.condition(ConditionType.PLANNING_SLOW, False, "WithinBudget")
     if job.status.phase in TERMINAL:
         _finished(obs, draft, settings)
     elif job.spec.suspend:

@@ -77,3 +77,5 @@ class ConditionType(enum.StrEnum):
     FAILED = "Failed"
     PODS_REFUSED = "PodsRefused"
     """True while the apiserver refuses the attempt's pods (quota, admission, Pod Security)."""
+    PLANNING_SLOW = "PlanningSlow"
+    """True when planning the job (its diagnosis included) overran the operator's budget."""

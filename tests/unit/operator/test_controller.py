@@ -17,7 +17,7 @@ from tests.unit.operator.builders import (
 from tests.unit.operator.fakes import FakeReader, RecordingWriter
 
 from tpujob import contract
-from tpujob.controller import REFUSED_RETRY_SECONDS, Deps, reconcile
+from tpujob.controller import REFUSED_RETRY_SECONDS, SLOW_PLAN_RETRY_SECONDS, Deps, reconcile
 from tpujob.kube.errors import (
     ConflictError,
     ForbiddenError,
@@ -138,3 +138,17 @@ def test_a_tpu_shortfall_fails_the_node_only_after_its_grace() -> None:
     run(reader, writer, deps, now=20 + 61)
     assert ("delete", "train-1-0-1") in writer.calls
     assert writer.statuses[-1]["failedNodes"][0]["name"] == "pool-0-w1"
+
+
+def test_planning_over_its_budget_is_a_condition_on_that_job_only() -> None:
+    job = job_body(status=running_status(), recovery={"rules": [
+        {"messagePattern": "(a|aa)+$", "class": "soft"}]})
+    writer = RecordingWriter()
+    reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
+    deps = Deps(reader=reader, writer=writer, plan_budget_seconds=0)  # type: ignore[arg-type]
+    delay = run(reader, writer, deps)
+    assert delay == SLOW_PLAN_RETRY_SECONDS
+    slow = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PlanningSlow")
+    assert slow["status"] == "True"
+    assert "(a|aa)+$" in slow["message"]
+    assert writer.kinds() == ["status"]  # nothing acted on an unfinished plan
