@@ -16,6 +16,7 @@ from tpujob.api import (
     BadNodeAction,
     Condition,
     ConditionStatus,
+    PendingEvent,
     TimelineEvent,
     TPUTrainingJobStatus,
 )
@@ -42,6 +43,7 @@ class EventSpec:
     type: str  # Normal or Warning
     reason: str
     message: str
+    at: datetime | None = None  # when it was decided: part of its name, so it is told once
 
 
 @dataclass(frozen=True)
@@ -107,15 +109,22 @@ class Draft:
             last_transition_time=self.now))
 
     def event(self, kind: str, reason: str, message: str) -> None:
-        self.events.append(EventSpec(kind, reason, message))
+        self.events.append(EventSpec(kind, reason, message[:c.MAX_MESSAGE_LENGTH], self.now))
 
     def requeue(self, seconds: float) -> None:
         self.requeue_after = min(self.requeue_after, max(0.1, seconds))
 
     def done(self) -> Plan:
+        """The plan; its Events are those journaled by the previous reconcile (told again,
+        harmlessly, in case a crash lost them) and this one's, journaled in the status."""
+        resend = tuple(EventSpec(e.type, e.reason, e.message, e.time)
+                       for e in self.status.pending_events)
+        journal = tuple(PendingEvent(type=e.type, reason=e.reason, message=e.message,
+                                     time=e.at or self.now) for e in self.events)
+        self.update(pending_events=journal)
         return Plan(status=self.status, create=tuple(self.create),
                     delete_pods=tuple(self.delete_pods), fence_attempt=self.fence_attempt,
                     mark_nodes=tuple(self.mark_nodes),
-                    events=tuple(self.events), requeue_after=self.requeue_after,
+                    events=(*resend, *self.events), requeue_after=self.requeue_after,
                     delete_job=self.delete_job, diagnosis=self.diagnosis,
                     recovery_seconds=self.recovery_seconds)

@@ -127,6 +127,20 @@ class TimelineEvent(StatusModel):
     message: Message = Field(default="", description="Details.")
 
 
+class PendingEvent(StatusModel):
+    """An Event decided with the status it explains, kept until a later reconcile.
+
+    Events are emitted after the status write under a name derived from the job's uid and
+    the Event's content; a crash between the write and the emission leaves the Event here,
+    and the next reconcile emits it again (an existing name is not created twice).
+    """
+
+    type: str = Field(max_length=16, description="Normal or Warning.")
+    reason: str = Field(max_length=128, description="Event reason.")
+    message: Message = Field(default="", description="Event message.")
+    time: datetime = Field(description="When it was decided.")
+
+
 class TPUTrainingJobStatus(StatusModel):
     """The observed state of a TPU training run."""
 
@@ -178,6 +192,11 @@ class TPUTrainingJobStatus(StatusModel):
         default=(),
         max_length=c.TIMELINE_LIMIT,
         description=f"The last {c.TIMELINE_LIMIT} recovery events, oldest first.",
+    )
+    pending_events: tuple[PendingEvent, ...] = Field(
+        default=(),
+        max_length=c.TIMELINE_LIMIT,
+        description="Events of the last decision, kept until emitted (the operator's journal).",
     )
 
     def with_event(self, event: TimelineEvent) -> TPUTrainingJobStatus:

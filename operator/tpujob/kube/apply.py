@@ -8,6 +8,7 @@ concurrent change shows as a ConflictError and the reconcile is redone on fresh 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -119,10 +120,11 @@ class Writer:
             call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
 
     def event(self, body: Mapping[str, Any], spec: EventSpec) -> None:
+        """Create the Event under a name derived from its content: told again, it exists."""
         meta = body["metadata"]
-        now = dt.datetime.now(dt.UTC)
+        now = spec.at or dt.datetime.now(dt.UTC)
         event = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"name": event_name(meta, spec), "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"],
                                "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta.get("uid")},
@@ -131,7 +133,7 @@ class Writer:
             "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
-        # An Event is best effort; the status already holds the facts.
+        # Already told (a name that exists), or lost: the status holds the facts either way.
         with contextlib.suppress(KubeError):
             call(self.core.create_namespaced_event, meta["namespace"], event)
 
@@ -140,3 +142,10 @@ class Writer:
         with contextlib.suppress(NotFoundError):
             call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, meta["namespace"],
                  PLURAL, meta["name"])
+
+
+def event_name(meta: Mapping[str, Any], spec: EventSpec) -> str:
+    """`<job>.<digest>` of the job's uid and the Event's content and decision time."""
+    key = "\x00".join((str(meta.get("uid", "")), spec.type, spec.reason, spec.message,
+                       spec.at.isoformat() if spec.at else ""))
+    return f"{meta['name']}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"

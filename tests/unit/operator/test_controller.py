@@ -84,19 +84,29 @@ def test_a_finished_job_that_did_not_change_writes_nothing() -> None:
     first = RecordingWriter()
     run(FakeReader(pods, body=job), first)
     assert first.calls[0] == ("status", "Succeeded")
-    done = job_body(status=_written_status(job, pods))
-    again = RecordingWriter()
-    run(FakeReader(pods, body=done), again)
-    assert "status" not in again.kinds()
+    assert ("event", "Succeeded") in first.calls
+    # The next reconcile tells the journaled Event again (its name makes it a no-op) and
+    # clears the journal; after that a finished job costs no write at all.
+    told = job_body(status=first.statuses[-1])
+    second = RecordingWriter()
+    run(FakeReader(pods, body=told), second)
+    assert second.kinds() == ["status", "event"]
+    assert not second.statuses[-1].get("pendingEvents")
+    third = RecordingWriter()
+    run(FakeReader(pods, body=job_body(status=second.statuses[-1])), third)
+    assert third.kinds() == []
 
 
-def _written_status(job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
-    from tpujob.api import status_patch
-    from tpujob.kube.observe import observe
-    from tpujob.planning import plan
+def test_an_event_is_named_by_its_content_so_telling_it_twice_is_a_no_op() -> None:
+    from tpujob.kube.apply import event_name
+    from tpujob.plan import EventSpec
 
-    result = plan(observe(FakeReader(pods, body=job), job), now=at(20))  # type: ignore[arg-type]
-    return status_patch(result.status)
+    meta = {"name": "train", "uid": "u1"}
+    spec = EventSpec("Warning", "FailureDiagnosed", "[SOFT] killed", at(20))
+    assert event_name(meta, spec) == event_name(meta, spec)
+    assert event_name(meta, spec) != event_name({**meta, "uid": "u2"}, spec)
+    assert event_name(meta, spec) != event_name(meta, EventSpec("Warning", "FailureDiagnosed",
+                                                                "[SOFT] killed", at(21)))
 
 
 @pytest.mark.parametrize("refusal", [
