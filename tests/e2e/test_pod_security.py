@@ -19,6 +19,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests.e2e.conftest import ROOT, LocalCluster, wait_for
+from tests.e2e.operator_fixture import OperatorProcess
+from tests.e2e.test_operator_recovery import (
+    Run,
+    assert_recovered,
+    resumed_from_checkpoint,
+    training_job,
+)
 from tests.unit.operator.test_manifests_security import HOSTPATH_CASES
 
 from tpujob import manifests, pod_security
@@ -195,3 +202,22 @@ def test_a_restricted_trainer_writes_its_checkpoints_to_a_claim(
     assert phase == "Failed", log
     assert "Read-only file system" in log
     assert not Path("/home/not-mine").exists()
+
+
+@pytest.mark.trainer
+@pytest.mark.usefixtures("healthy_nodes")
+def test_cpu_job_in_a_restricted_namespace_recovers_from_its_claim(
+        cluster: LocalCluster, restricted: str, claim: Path, operator: OperatorProcess,
+        tmp_path: Path) -> None:
+    body = training_job("restricted", tmp_path)
+    body["spec"]["checkpoint"]["volume"] = {"claimName": "checkpoints",
+                                            "mountPath": "/checkpoints"}
+    run = Run(cluster, restricted, operator, body)
+    before = run.wait_training(step=22)
+    cluster.tpujob("local", "fault", "kill", "restricted-1-0-1", "-n", restricted)
+    status = run.wait_phase("Succeeded")
+    assert_recovered(status, soft=1)
+    resumed_from_checkpoint(run, before.get("checkpointStep"))
+    # The checkpoints are on the claim's volume, not on the node path the job no longer names.
+    assert any(claim.iterdir())
+    assert not any(tmp_path.glob("[0-9]*"))
