@@ -128,7 +128,7 @@ def write(a: argparse.Namespace, scenario: str, runs: list[dict[str, Any]],
     path: Path = a.results / f"{stem}.json"
     path.write_text(json.dumps({**meta, "scenario": scenario, "summary": summary,
                                 "runs": runs}, indent=1) + "\n")
-    if runs:
+    if runs:  # the table: report.markdown(scenario, summary)
         report.plot(scenario, runs, summary, a.results / f"{stem}.png")
     return path
 
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(record)
                     print(json.dumps(_brief(record)), file=sys.stderr, flush=True)
                     path = write(a, scenario, runs, meta)
+        print(report.markdown(scenario, report.summarize(scenario, runs)))
         print(f"{scenario}: {path}")
     return 0
 

@@ -141,7 +141,7 @@ class ArmCluster:
                     if c["type"] == "Ready" and c["status"] == "True")
             return n >= count
 
-        until(ready, timeout, interval=1.0)
+        until(ready, timeout, interval=3.0)
 
     def snapshot(self) -> Snapshot:
         text = self.kubectl_run("get", "--raw", "/metrics")

@@ -22,7 +22,8 @@ def _get(run: dict[str, Any], path: str) -> Any:
 
 FIGURES = {
     "ladder": ["create_to_running_s.p50", "create_to_running_s.p99", "create_to_running_s.max",
-               "makespan_s", "pods_per_s", "workloads_running", "pools_shared",
+               "makespan_s", "pods_per_s", "workloads_running", "pods_running_at_end",
+               "pools_used", "pools_shared",
                "cost.controller_cpu_seconds", "cost.controller_peak_rss_mib",
                "cost.arm_requests", "cost.processes.kube-apiserver.cpu_seconds"],
     "drain": ["create_to_running_s.p50", "create_to_running_s.p99", "makespan_s", "pods_per_s",
@@ -134,3 +135,25 @@ def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str],
     ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(figs))],
                   [f.rsplit(".", 1)[-1] for f in figs])
     ax.set(title=f"{title}, size {size}")
+
+
+def markdown(scenario: str, summary: dict[str, Any]) -> str:
+    """A table per size: each figure's median over runs and [min, max] per arm."""
+    lines: list[str] = []
+    for size, by_arm in summary.items():
+        arms = sorted(by_arm)
+        lines += [f"\n{scenario}, size {size}\n", "| figure | " + " | ".join(arms) + " |",
+                  "|---" * (len(arms) + 1) + "|"]
+        for fig in FIGURES[scenario]:
+            cells = []
+            for arm in arms:
+                s = by_arm[arm][fig]
+                if s["median"] is None:
+                    cells.append("none" + (f" ({s['runs_without']}/{s['runs']} runs)"
+                                           if s["runs"] else ""))
+                elif s["runs"] > 1:
+                    cells.append(f"{s['median']:g} [{s['min']:g}, {s['max']:g}]")
+                else:
+                    cells.append(f"{s['median']:g}")
+            lines.append(f"| {fig} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
