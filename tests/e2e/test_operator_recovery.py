@@ -24,6 +24,10 @@ from tpujob.api import GROUP, PLURAL, VERSION
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer,
               pytest.mark.usefixtures("operator", "healthy_nodes")]
 RUN_TIMEOUT = 300
+# Steps of a job that gets a fault while it trains: enough left after the fault point that
+# training cannot finish before a fault applied through the node agent (a second or more on
+# a loaded machine) lands.
+FAULTED_STEPS = 150
 
 
 def training_job(name: str, checkpoints: Path, *, steps: int = 60, faults: tuple[str, ...] = (),
@@ -135,7 +139,7 @@ def test_happy_path_trains_to_the_end_with_a_live_heartbeat(
 
 def test_worker_killed_is_a_soft_restart_from_the_checkpoint(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, namespace, operator, training_job("soft", tmp_path))
+    run = Run(cluster, namespace, operator, training_job("soft", tmp_path, steps=FAULTED_STEPS))
     before = run.wait_training(step=22)
     cluster.tpujob("local", "fault", "kill", "soft-1-0-1", "-n", namespace)
     status = run.wait_phase("Succeeded")
@@ -161,7 +165,7 @@ def test_collective_timeout_is_a_medium_restart_with_a_longer_timeout(
 def test_node_down_taints_the_node_and_moves_the_slice(
         cluster: LocalCluster, core: client.CoreV1Api, namespace: str,
         operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, namespace, operator, training_job("hard", tmp_path))
+    run = Run(cluster, namespace, operator, training_job("hard", tmp_path, steps=FAULTED_STEPS))
     before = run.wait_training(step=22)
     node = run.node_of(1, 0, 1)
     old_pool = before["currentAttempt"]["placement"][0]["nodePool"]
@@ -179,7 +183,7 @@ def test_node_down_taints_the_node_and_moves_the_slice(
 
 def test_unhealthy_tpu_is_hard_and_blames_that_node(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, namespace, operator, training_job("tpu", tmp_path))
+    run = Run(cluster, namespace, operator, training_job("tpu", tmp_path, steps=FAULTED_STEPS))
     run.wait_training(step=15)
     node = run.node_of(1, 0, 0)
     cluster.tpujob("local", "fault", "tpu-unhealthy", node)
@@ -262,7 +266,7 @@ def test_maintenance_sigterm_saves_and_resumes_from_that_step_elsewhere(
 
 def test_operator_killed_mid_recovery_finishes_it_without_duplicates(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, namespace, operator, training_job("crash", tmp_path))
+    run = Run(cluster, namespace, operator, training_job("crash", tmp_path, steps=FAULTED_STEPS))
     run.wait_training(step=15)
     node = run.node_of(1, 0, 1)
     cluster.tpujob("local", "fault", "node-down", node)
@@ -279,7 +283,8 @@ def test_operator_killed_mid_recovery_finishes_it_without_duplicates(
 
 def test_two_slice_job_losing_one_slice_moves_only_that_slice(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, namespace, operator, training_job("multi", tmp_path, slices=2, steps=50))
+    run = Run(cluster, namespace, operator, training_job("multi", tmp_path, slices=2,
+                                                         steps=FAULTED_STEPS))
     before = run.wait_training(step=15)
     pools = {p["slice"]: p["nodePool"] for p in before["currentAttempt"]["placement"]}
     cluster.tpujob("local", "fault", "node-down", run.node_of(1, 1, 0))
