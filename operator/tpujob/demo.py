@@ -68,8 +68,10 @@ class Demo:
         say(self.run_tool("kubectl", "get", "nodes", "-L", labels.NODEPOOL))
         say("[bold]2. operator[/bold]: helm install charts/tpujob-operator (CRDs from the chart)")
         self.run_tool("kubectl", "create", "namespace", NAMESPACE)
+        # The chart admits hostPath checkpoints only under the prefixes it is given.
         self.run_tool("helm", "install", "tpujob", str(CHART), "--namespace", "tpujob-system",
                       "--create-namespace", "--wait", "--timeout", "120s",
+                      "--set", f"hostPathPrefixes={{{self.state_dir / 'checkpoints'}}}",
                       "--set", "operator.extraArgs={--collective-timeout=15,"
                                "--force-delete-after=3}")
         say("[bold]3. job[/bold]: kubectl apply -f examples/cpu-local.yaml")

@@ -13,6 +13,7 @@ import os
 import random
 from typing import Any
 
+from tpujob.node_health import DEFAULT_HEALTH, NodeHealthSettings
 from tpujob.plan import PlannerSettings
 
 DEFAULT_BIND_ADDRESS = "127.0.0.1"
@@ -52,6 +53,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--collective-timeout", type=int, default=60,
                    help="collective/coordination timeout (s) given the trainer; each medium "
                         "retry doubles it")
+    p.add_argument("--node-not-ready-grace", type=float,
+                   default=DEFAULT_HEALTH.not_ready_grace_seconds,
+                   help="seconds a node reports Ready!=True before its pods' failure blames it "
+                        "(a kubelet restart or a PLEG hiccup recovers within it)")
+    p.add_argument("--tpu-shortfall-grace", type=float,
+                   default=DEFAULT_HEALTH.tpu_shortfall_grace_seconds,
+                   help="seconds allocatable google.com/tpu stays below capacity before the "
+                        "node's TPUs count as failed (a device plugin restart recovers within it)")
+    p.add_argument("--plan-budget", type=float, default=10.0,
+                   help="seconds one job's planning (its diagnosis included) may take")
     p.add_argument("--priority", type=int, default=None,
                    help="kopf peering priority; replicas with equal priority pause each other, "
                         "so by default each replica draws a random one and the highest runs")
@@ -79,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
     deps = Deps(reader=Reader(api), writer=Writer(api), settings=PlannerSettings(
         force_delete_after_seconds=args.force_delete_after,
         restart_grace_seconds=args.restart_grace,
-        collective_timeout_seconds=args.collective_timeout))
+        collective_timeout_seconds=args.collective_timeout,
+        node_health=NodeHealthSettings(
+            not_ready_grace_seconds=args.node_not_ready_grace,
+            tpu_shortfall_grace_seconds=args.tpu_shortfall_grace)),
+        plan_budget_seconds=args.plan_budget)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address,
                           registry=deps.metrics.registry)

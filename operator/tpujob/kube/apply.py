@@ -8,8 +8,8 @@ concurrent change shows as a ConflictError and the reconcile is redone on fresh 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import datetime as dt
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
@@ -11,6 +12,7 @@ from tpujob import labels, manifests
 from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, parse_job
 from tpujob.kube.errors import KubeError, NotFoundError, call
 from tpujob.observed import Observed, heartbeat_view, node_view, pod_view
+from tpujob.redact import redact
 
 LOG_TAIL_LINES = 80
 
@@ -64,9 +66,11 @@ class Reader:
             return None
 
     def log_tail(self, namespace: str, pod: str) -> str:
+        """The pod's last lines, secrets redacted: they are copied into the job's status and
+        Events, which more people can read than the pod's logs."""
         try:
-            return str(call(self.core.read_namespaced_pod_log, pod, namespace,
-                            tail_lines=LOG_TAIL_LINES))
+            return redact(str(call(self.core.read_namespaced_pod_log, pod, namespace,
+                                   tail_lines=LOG_TAIL_LINES)))
         except KubeError:
             return ""  # logs are evidence, never a reason to fail a reconcile
 
@@ -87,7 +91,9 @@ def observe(reader: Reader, body: Mapping[str, Any]) -> Observed:
     job: TPUTrainingJob = parse_job(body)
     uid = (body.get("metadata") or {}).get("uid")
     raw_pods = [p for p in reader.pods(job.namespace, job.name) if owned_by(p, uid)]
-    pods = tuple(pod_view(p) for p in raw_pods)
+    # Termination messages end up in the status and Events too (FallbackToLogsOnError).
+    pods = tuple(replace(view, message=redact(view.message))
+                 for view in (pod_view(p) for p in raw_pods))
     tails = {}
     for pod in pods:
         # Only the current attempt's failures are diagnosed; fetch each tail once, here.
