@@ -29,6 +29,8 @@ class AttemptSettings:
     pools: Mapping[int, str]  # slice index -> node pool
     bad_nodes: frozenset[str] = frozenset()
     collective_timeout_seconds: int = BASE_COLLECTIVE_TIMEOUT_SECONDS
+    rollback_step: int | None = None  # restore at or before this step (after a NaN loss)
+    skip_batches: str | None = None  # data windows every attempt after a rollback skips
 
 
 def owner_reference(job: TPUTrainingJob) -> dict[str, Any]:
@@ -94,6 +96,10 @@ def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         contract.ENV_EXPECT_TPU_CHIPS: str(tpu.chips_per_host),
         contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),
     }
+    if settings.rollback_step is not None:
+        values[contract.ENV_RESUME_STEP] = str(settings.rollback_step)
+    if settings.skip_batches:
+        values[contract.ENV_SKIP_BATCHES] = settings.skip_batches
     if checkpoint is not None:
         values[contract.ENV_CHECKPOINT_DIR] = checkpoint.directory
         values[contract.ENV_CHECKPOINT_INTERVAL] = str(checkpoint.interval_steps)

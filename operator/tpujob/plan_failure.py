@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from tpujob import contract
 from tpujob import diagnosis as dx
-from tpujob.api import ConditionType, FailedNode, LastFailure, Phase
+from tpujob.api import ConditionType, FailedNode, LastFailure, Phase, TPUTrainingJobStatus
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
 from tpujob.failure_facts import Trouble, user_rules
@@ -20,6 +21,7 @@ from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
 from tpujob.plan_memory import recall, weigh_model_guess
 from tpujob.plan_pools import choose_pools
 from tpujob.recovery import Broken, FailJob, Restart, decide
+from tpujob.rollback import Rollback, plan_rollback
 
 
 def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis, *, now: datetime,
@@ -173,6 +175,9 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
         else None
     action = _describe(decision, pools, attempt)
+    rollback = _rollback(d, trouble, status)
+    if rollback is not None:
+        action += "; " + rollback.describe(job.spec.recovery.max_nan_rollbacks)
     budget = job.spec.max_failed_nodes_count()
     draft.update(
         attempt=attempt, phase=Phase.RECOVERING,
@@ -180,10 +185,13 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
         failed_nodes=tuple(failed)[-c.MAX_FAILED_NODES_RECORDED:],
         failed_node_budget=budget, failed_node_budget_left=max(0, budget - len(failed)),
         last_failure=_last_failure(d, trouble, action),
+        nan_rollbacks=rollback.count if rollback else status.nan_rollbacks,
+        skip_batches=rollback.windows if rollback else status.skip_batches,
         current_attempt=AttemptStatus(
             placement=placement(pools), not_before=not_before,
             collective_timeout_seconds=decision.collective_timeout_seconds,
-            graceful=decision.graceful, recovering_since=trouble.seen_at))
+            graceful=decision.graceful, recovering_since=trouble.seen_at,
+            rollback_step=rollback.resume_step if rollback else None))
     for node in decision.blame_nodes:
         draft.mark_nodes.append(NodeMark(node, job.spec.recovery.bad_node_action,
                                          f"{job.namespace}/{job.name}: {d.code}"))
@@ -192,6 +200,20 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     draft.timeline("Restarting", f"{d.tag} {action}")
     draft.event("Normal", "Restarting", f"{d.tag} {action}")
     draft.requeue(decision.delay_seconds or 0.5)
+
+
+def _rollback(d: dx.Diagnosis, trouble: Trouble,
+              status: TPUTrainingJobStatus) -> Rollback | None:
+    """The rollback a non-finite loss calls for: from the trainer's own report of the step
+    and of its last committed checkpoint, else the heartbeat's."""
+    if d.code is not dx.FailureCode.NAN_LOSS:
+        return None
+    root = next((w for w in trouble.facts.workers if w.worker_index == d.root_worker), None)
+    message = contract.parse_termination_message(root.message) if root else None
+    checkpoint = message.checkpoint_step if message and message.checkpoint_step is not None \
+        else status.checkpoint_step
+    return plan_rollback(nan_step=d.step, checkpoint_step=checkpoint,
+                         windows=status.skip_batches, done=status.nan_rollbacks or 0)
 
 
 def _describe(decision: Restart, pools: dict[int, str], attempt: int) -> str:

@@ -23,6 +23,10 @@ from tpujob.api.attempt import FailureRecord
 from tpujob.diagnosis.memory import Escalation, PastFailure, failure_signature, judge
 from tpujob.diagnosis.model import DEFAULT_ACTIONS
 
+# Failures with a recovery policy of their own (a non-finite loss rolls back past its data,
+# with its own budget): the memory records them but does not regrade them.
+OWN_POLICY = frozenset({dx.FailureCode.NAN_LOSS})
+
 ESCALATION_ADVICE = {
     Escalation.ACROSS_NODES: "the same failure recurs wherever the job runs, so it is the "
                              "program or its configuration: fix the cause in the evidence",
@@ -77,7 +81,7 @@ def recall(d: dx.Diagnosis, history: Sequence[FailureRecord], *, attempt: int,
     past = [p for p in (_past(r) for r in history) if p is not None]
     verdict = judge([*past, current])
     blamed = None
-    if verdict.escalation is not Escalation.NONE:
+    if verdict.escalation is not Escalation.NONE and d.code not in OWN_POLICY:
         d = replace(
             d, failure_class=verdict.failure_class,
             summary=f"{d.summary} ({verdict.evidence})",

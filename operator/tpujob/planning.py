@@ -168,7 +168,9 @@ def attempt_settings(job: TPUTrainingJob, pools: dict[int, str],
     return manifests.AttemptSettings(
         attempt=job.status.attempt, pools=pools, bad_nodes=bad_nodes(job),
         collective_timeout_seconds=job.status.current_attempt.collective_timeout_seconds
-        or planner.collective_timeout_seconds)
+        or planner.collective_timeout_seconds,
+        rollback_step=job.status.current_attempt.rollback_step,
+        skip_batches=job.status.skip_batches)
 
 
 def _launch(obs: Observed, draft: Draft, blocking: list[PodView],

@@ -3,7 +3,8 @@
 `decide` maps (diagnosis, the job's spec and status, what is broken) to a `Decision`: fail
 the job (fatal, recovery off, a budget spent) or start the next attempt, with the class's
 adjustments. The checks run in a fixed order, first match wins, and the restart itself is the
-one named default: fatal -> autoRecovery off -> class budget -> failed-node budget -> restart.
+one named default: fatal -> non-finite loss rollbacks spent -> autoRecovery off -> class
+budget -> failed-node budget -> restart.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from tpujob import diagnosis as dx
 from tpujob.api import FailureClass, TPUTrainingJob
+from tpujob.rollback import NAN_ADVICE
 
 # Codes of the hard class that do not mean the node is broken: the node is taken away (a
 # maintenance event, a preemption), so the slice moves but the node is not blamed.
@@ -31,6 +33,7 @@ class FailReason(enum.StrEnum):
     FATAL = "FatalFailure"
     AUTO_RECOVERY_OFF = "AutoRecoveryDisabled"
     RESTART_BUDGET = "RestartBudgetExceeded"
+    NON_FINITE_LOSS = "NonFiniteLossRepeated"
     FAILED_NODE_BUDGET = "FailedNodeBudgetExceeded"
 
 
@@ -74,6 +77,17 @@ def _fatal(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | No
     return FailJob(FailReason.FATAL, f"{d.headline}.{advice}")
 
 
+def _nan_rollbacks(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
+    if d.code is not dx.FailureCode.NAN_LOSS:
+        return None
+    done, allowed = job.status.nan_rollbacks or 0, job.spec.recovery.max_nan_rollbacks
+    if done < allowed:
+        return None
+    return FailJob(FailReason.NON_FINITE_LOSS,
+                   f"{d.headline}; non-finite again after {done} rollbacks "
+                   f"(spec.recovery.maxNanRollbacks={allowed}): {NAN_ADVICE}")
+
+
 def _auto_recovery(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
     if job.spec.recovery.auto_recovery:
         return None
@@ -108,7 +122,7 @@ def _node_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJo
 
 
 CHECKS: tuple[Callable[[dx.Diagnosis, TPUTrainingJob, Broken], FailJob | None], ...] = (
-    _fatal, _auto_recovery, _class_budget, _node_budget)
+    _fatal, _nan_rollbacks, _auto_recovery, _class_budget, _node_budget)
 
 
 def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:

@@ -49,6 +49,11 @@ class AttemptStatus(StatusModel):
     resumed_step: int | None = Field(
         default=None, ge=0, description="First step reported by this attempt's heartbeat."
     )
+    rollback_step: int | None = Field(
+        default=None, ge=0,
+        description="This attempt restores the newest checkpoint at or before this step "
+        "(a rollback after a non-finite loss).",
+    )
 
 
 class FailureRecord(StatusModel):

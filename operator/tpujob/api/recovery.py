@@ -19,6 +19,7 @@ from tpujob.api.enums import BadNodeAction, FailureClass
 DEFAULT_MAX_SOFT_RESTARTS = 20
 DEFAULT_MAX_MEDIUM_RESTARTS = 5
 DEFAULT_MAX_HARD_RESTARTS = 3
+DEFAULT_MAX_NAN_ROLLBACKS = 3
 DEFAULT_MAX_FAILED_NODES = "20%"
 DEFAULT_BACKOFF_INITIAL_SECONDS = 10
 DEFAULT_BACKOFF_MAX_SECONDS = 300
@@ -180,6 +181,14 @@ class RecoverySpec(SpecModel):
         DEFAULT_MAX_MEDIUM_RESTARTS, "medium (timeouts, host OOM, checkpoint I/O)"
     )
     max_hard_restarts: int = _budget(DEFAULT_MAX_HARD_RESTARTS, "hard (bad device or node)")
+    max_nan_rollbacks: int = Field(
+        default=DEFAULT_MAX_NAN_ROLLBACKS, ge=0, le=20,
+        description=(
+            "Rollbacks after a non-finite (NaN/inf) loss: each restarts from the last "
+            "checkpoint before the anomaly and skips the data window that led to it. One more "
+            "non-finite loss fails the job with advice."
+        ),
+    )
     max_failed_nodes: int | str = Field(
         default=DEFAULT_MAX_FAILED_NODES,
         description=(

@@ -171,6 +171,14 @@ class TPUTrainingJobStatus(StatusModel):
     checkpoint_step: int | None = Field(
         default=None, ge=0, description="Step of the latest committed checkpoint."
     )
+    nan_rollbacks: int | None = Field(
+        default=None, ge=0, description="Rollbacks done after a non-finite loss."
+    )
+    skip_batches: str | None = Field(
+        default=None, max_length=1024,
+        description="Data windows skipped after non-finite losses, STEP:N,... (after step STEP, "
+        "N batches); given to every later attempt.",
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     goodput: float | None = Field(
         default=None,
