@@ -111,11 +111,16 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
 
 
 def progressed(obs: Observed) -> bool:
-    """Whether the current attempt trained: its own heartbeat moved past its first step."""
+    """Whether the current attempt trained: its own heartbeat moved past its first step and
+    past the step where the previous failure struck (re-doing the same steps and failing
+    again at that point is not progress)."""
     beat, job = obs.heartbeat, obs.job
     first = job.status.current_attempt.resumed_step
-    return (beat is not None and beat.attempt == job.status.attempt and beat.step is not None
-            and first is not None and beat.step > first)
+    if beat is None or beat.attempt != job.status.attempt or beat.step is None or first is None:
+        return False
+    history = job.status.failure_history
+    before = history[-1].step if history and history[-1].step is not None else first
+    return beat.step > max(first, before)
 
 
 def _busy_device_node(d: dx.Diagnosis, broken: Broken) -> str | None:
