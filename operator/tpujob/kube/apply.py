@@ -81,12 +81,18 @@ class Writer:
             return
         notes = current.metadata.annotations or {}
         held = notes.get(contract.LEASE_FENCE_ANNOTATION, "")
-        if held.isdigit() and int(held) >= attempt:
+        ours = {r["uid"] for r in meta.get("ownerReferences") or []}
+        theirs = {r.uid for r in current.metadata.owner_references or []}
+        patch: dict[str, Any] = {"annotations": token,
+                                 "resourceVersion": current.metadata.resource_version}
+        if not ours & theirs:
+            # A Lease left by an earlier job of the same name, not yet garbage-collected: its
+            # token counts that job's attempts. Take it over, token and owner both.
+            patch["ownerReferences"] = meta.get("ownerReferences")
+        elif held.isdigit() and int(held) >= attempt:
             return
         # The resourceVersion makes a concurrent fence from another replica a Conflict.
-        call(self.coordination.patch_namespaced_lease, name, namespace,
-             {"metadata": {"annotations": token,
-                           "resourceVersion": current.metadata.resource_version}},
+        call(self.coordination.patch_namespaced_lease, name, namespace, {"metadata": patch},
              _content_type=MERGE_PATCH)
 
     def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
