@@ -6,6 +6,7 @@ reads these views and never a raw dict, so what a decision depended on is visibl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -225,6 +226,19 @@ class Heartbeat:
     steps_per_second: float | None = None
     checkpoint_step: int | None = None
     attempt: int | None = None
+    # Every annotation, for readers of the trainer's health numbers (untrusted text).
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+# The trainer writes the heartbeat, and anyone who can patch the Lease can too: a number out
+# of these ranges is absent evidence, never a crash of the planner or a status the API refuses.
+MAX_STEP = 10**12
+MAX_STEPS_PER_SECOND = 1e6
+
+
+def _bounded_int(value: Any, low: int, high: int) -> int | None:
+    number = _int(value)
+    return number if number is not None and low <= number <= high else None
 
 
 def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
@@ -232,20 +246,25 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         return None
     notes = (raw.get("metadata") or {}).get("annotations") or {}
 
-    def number(key: str) -> float | None:
+    def number(key: str, low: float, high: float) -> float | None:
         try:
-            return float(notes[key])
+            value = float(notes[key])
         except (KeyError, TypeError, ValueError):
             return None
+        return value if math.isfinite(value) and low <= value <= high else None
 
     return Heartbeat(
         renewed=parse_time((raw.get("spec") or {}).get("renewTime")),
-        step=_int(notes.get(contract.HEARTBEAT_STEP)),
-        total_steps=_int(notes.get(contract.HEARTBEAT_TOTAL_STEPS)),
-        loss=number(contract.HEARTBEAT_LOSS),
-        steps_per_second=number(contract.HEARTBEAT_STEPS_PER_SECOND),
-        checkpoint_step=_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP)),
-        attempt=_int(notes.get(contract.HEARTBEAT_ATTEMPT)),
+        step=_bounded_int(notes.get(contract.HEARTBEAT_STEP), 0, MAX_STEP),
+        total_steps=_bounded_int(notes.get(contract.HEARTBEAT_TOTAL_STEPS), 1, MAX_STEP),
+        loss=number(contract.HEARTBEAT_LOSS, -math.inf, math.inf),
+        steps_per_second=number(contract.HEARTBEAT_STEPS_PER_SECOND, 0.0,
+                                MAX_STEPS_PER_SECOND),
+        checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0,
+                                     MAX_STEP),
+        attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
+        annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict)
+        else {},
     )
 
 

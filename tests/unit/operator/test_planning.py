@@ -369,3 +369,29 @@ def test_a_new_job_avoids_a_pool_with_host_maintenance_due_during_its_run() -> N
     assert crowded.status.current_attempt.placement[0].node_pool == "pool-0"
     notes = [e.message for e in crowded.status.timeline if e.kind == "Placement"]
     assert notes and "maintenance" in notes[0]
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (contract.HEARTBEAT_STEP, "-5"), (contract.HEARTBEAT_STEP, "1" + "0" * 30),
+    (contract.HEARTBEAT_STEP, "seven"), (contract.HEARTBEAT_STEPS_PER_SECOND, "nan"),
+    (contract.HEARTBEAT_STEPS_PER_SECOND, "inf"), (contract.HEARTBEAT_STEPS_PER_SECOND, "-2"),
+    (contract.HEARTBEAT_CHECKPOINT_STEP, "-1"), (contract.HEARTBEAT_ATTEMPT, "0"),
+    (contract.HEARTBEAT_TOTAL_STEPS, "0"),
+], ids=str)
+def test_a_heartbeat_number_out_of_range_is_absent_evidence_not_a_crash(
+        key: str, value: str) -> None:
+    job = job_body(status=running_status())
+    beat = lease(renewed=10, step=40)
+    beat["metadata"]["annotations"][key] = value
+    result = plan(observed(job, two_workers(job), heartbeat=beat), now=at(12))
+    status = result.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    from tpujob.api import parse_status
+
+    assert parse_status(status) == result.status  # what the API would accept back
+    seen = observed(job, two_workers(job), heartbeat=beat).heartbeat
+    assert seen is not None
+    fields = {contract.HEARTBEAT_STEP: seen.step, contract.HEARTBEAT_ATTEMPT: seen.attempt,
+              contract.HEARTBEAT_STEPS_PER_SECOND: seen.steps_per_second,
+              contract.HEARTBEAT_CHECKPOINT_STEP: seen.checkpoint_step,
+              contract.HEARTBEAT_TOTAL_STEPS: seen.total_steps}
+    assert fields[key] is None
