@@ -61,6 +61,8 @@ class Deps:
     # Since when each node's allocatable TPUs have been below capacity: the Node object keeps
     # no such time, so the operator remembers it (a restart only restarts the grace).
     tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
+    # Jobs whose last reconcile found them finished: node events no longer wake them.
+    finished: set[tuple[str, str]] = field(default_factory=set)
 
     # Blocking client calls and planning run here, not in the loop's default executor (six
     # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
@@ -85,8 +87,10 @@ class Deps:
             event.set()
 
     def wake_all(self) -> None:
-        for event in self.wakers.values():
-            event.set()
+        """Wake every job that may care about a cluster-wide change (finished jobs do not)."""
+        for key, event in self.wakers.items():
+            if key not in self.finished:
+                event.set()
 
 
 async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
@@ -94,6 +98,7 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     body = await deps.run(deps.reader.job_body, namespace, name)
     if body is None:
         deps.metrics.forget_job(namespace, name)
+        deps.finished.discard((namespace, name))
         return None
     try:
         observed = await deps.run(observe, deps.reader, body)
@@ -120,6 +125,10 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         _tell(deps, namespace, name, result)
         return await _report_refused(deps, written, err)
     _tell(deps, namespace, name, result)
+    if result.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        deps.finished.add((namespace, name))
+    else:
+        deps.finished.discard((namespace, name))
     return result.requeue_after
 
 

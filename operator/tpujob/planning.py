@@ -28,6 +28,7 @@ from tpujob.plan_failure import handle_failure
 from tpujob.plan_pools import choose_pools
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
+FINISHED_POLL_SECONDS = 3600.0
 
 
 DEFAULT_SETTINGS = PlannerSettings()
@@ -42,6 +43,8 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     if slow is not None and slow.status == ConditionStatus.TRUE:
         draft.condition(ConditionType.PLANNING_SLOW, False, "WithinBudget")
     if job.status.phase in TERMINAL:
+        # A finished job is woken by changes to its own pods; nothing else is worth a poll.
+        draft.requeue_after = FINISHED_POLL_SECONDS
         _finished(obs, draft, settings)
     elif job.spec.suspend:
         _suspend(obs, draft)
@@ -132,8 +135,7 @@ def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
             draft.delete_job = True
         else:
             draft.requeue(left)
-    else:
-        draft.requeue(60)
+
 
 
 def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> list[PodView]:

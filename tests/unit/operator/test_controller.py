@@ -162,3 +162,19 @@ def test_planning_over_its_budget_is_a_condition_on_that_job_only() -> None:
     assert slow["status"] == "True"
     assert "(a|aa)+$" in slow["message"]
     assert writer.kinds() == ["status"]  # nothing acted on an unfinished plan
+
+
+def test_a_finished_job_sleeps_until_its_pods_change_and_node_events_skip_it() -> None:
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0, phase="Succeeded"), pod(job, 1, 0, 1, phase="Succeeded")]
+    writer = RecordingWriter()
+    reader = FakeReader(pods, body=job)
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    running = deps.waker("team", "other")
+    finished = deps.waker("team", "train")
+    delay = run(reader, writer, deps)
+    assert delay is not None and delay >= 3600
+    deps.wake_all()
+    assert running.is_set() and not finished.is_set()
+    deps.wake("team", "train")  # its own pods still wake it
+    assert finished.is_set()
