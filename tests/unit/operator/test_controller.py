@@ -172,6 +172,8 @@ def test_a_finished_job_sleeps_until_its_pods_change_and_node_events_skip_it() -
     deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
     running = deps.waker("team", "other")
     finished = deps.waker("team", "train")
+    run(reader, writer, deps)  # the reconcile that finds it finished
+    reader.body = job_body(status=writer.statuses[-1])
     delay = run(reader, writer, deps)
     assert delay is not None and delay >= 3600
     deps.wake_all()
