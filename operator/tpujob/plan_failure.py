@@ -18,6 +18,7 @@ from tpujob.node_health import NodeHealthSettings, judge
 from tpujob.observed import Observed
 from tpujob.placement import placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
+from tpujob.plan_health import grade_leak
 from tpujob.plan_memory import recall, weigh_model_guess
 from tpujob.plan_pools import choose_pools
 from tpujob.recovery import Broken, FailJob, Restart, decide
@@ -77,8 +78,8 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
     if _root_may_still_come(obs, trouble, d, draft, settings):
         return
     broken = broken_by(obs, trouble, d, now=draft.now, health=settings.node_health)
-    weighed = weigh_model_guess(d)
-    if weighed is not d:  # now retryable: the repeat guard gets its say on it
+    weighed = weigh_model_guess(grade_leak(d, obs))
+    if weighed.failure_class is not d.failure_class:  # the repeat guard gets its say on it
         weighed = dx.apply_history(weighed, history, node_name=broken.root_node or "",
                                    unknown_retry_limit=settings.unknown_retry_limit)
     recalled = recall(weighed, status.failure_history, attempt=status.attempt,

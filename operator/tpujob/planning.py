@@ -25,6 +25,7 @@ from tpujob.observed import Observed, PodView
 from tpujob.placement import placement, pools_of
 from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
+from tpujob.plan_health import watch_training_health
 from tpujob.plan_pools import choose_pools
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
@@ -285,6 +286,7 @@ def _watch_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...],
         draft.condition(ConditionType.RUNNING, True, "AllWorkersRunning",
                         f"{expected_count} workers running")
         draft.condition(ConditionType.RECOVERING, False, "Running")
+    watch_training_health(obs, draft, pods)
     stuck = [p for p in pods if p.unschedulable_message]
     if stuck:
         draft.condition(ConditionType.RUNNING, False, "Unschedulable",

@@ -49,11 +49,22 @@ class AttemptStatus(StatusModel):
     resumed_step: int | None = Field(
         default=None, ge=0, description="First step reported by this attempt's heartbeat."
     )
+    memory_samples: tuple[MemorySampleStatus, ...] = Field(
+        default=(), max_length=32,
+        description="Host-memory readings of this attempt (HostMemoryGrowing's evidence).")
     rollback_step: int | None = Field(
         default=None, ge=0,
         description="This attempt restores the newest checkpoint at or before this step "
         "(a rollback after a non-finite loss).",
     )
+
+
+class MemorySampleStatus(StatusModel):
+    """One host-memory reading of the attempt, for the growth fit."""
+
+    time: float = Field(ge=0, description="Seconds since the job started.")
+    rss_bytes: int = Field(ge=0, description="Largest worker RSS, bytes.")
+    step: int | None = Field(default=None, ge=0, description="Step of the health gather.")
 
 
 class FailureRecord(StatusModel):
