@@ -22,6 +22,7 @@ from tpujob.api import (
     ConditionType,
     InvalidJobError,
     Phase,
+    TPUTrainingJobStatus,
     parse_status,
     status_patch,
 )
@@ -63,6 +64,24 @@ class Deps:
     tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
     # Jobs whose last reconcile found them finished: node events no longer wake them.
     finished: set[tuple[str, str]] = field(default_factory=set)
+    # The placement authority: pool -> the job that holds it, taken under `placement_lock`
+    # in the same step as the plan that chose it, so two jobs planned at once never pick one
+    # pool. Rebuilt after a restart from each job's recorded placement (and, meanwhile, the
+    # pods that exist mark their pools busy).
+    pool_claims: dict[str, tuple[str, str]] = field(default_factory=dict)
+    placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def claim(self, key: tuple[str, str], status: TPUTrainingJobStatus | None) -> None:
+        """Record the pools `key`'s status holds (none once it finished or is gone)."""
+        for pool in [p for p, owner in self.pool_claims.items() if owner == key]:
+            del self.pool_claims[pool]
+        if status is None or status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            return
+        for slot in status.current_attempt.placement:
+            self.pool_claims.setdefault(slot.node_pool, key)
+
+    def claimed_by_others(self, key: tuple[str, str]) -> frozenset[str]:
+        return frozenset(p for p, owner in self.pool_claims.items() if owner != key)
 
     # Blocking client calls and planning run here, not in the loop's default executor (six
     # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
@@ -99,6 +118,7 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     if body is None:
         deps.metrics.forget_job(namespace, name)
         deps.finished.discard((namespace, name))
+        deps.claim((namespace, name), None)
         return None
     try:
         observed = await deps.run(observe, deps.reader, body)
@@ -108,13 +128,18 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     now = deps.clock()
     deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since, observed.nodes.values(),
                                                now=now)
-    observed = replace(observed, tpu_short_since=deps.tpu_short_since)
-    try:
-        result = await asyncio.wait_for(
-            deps.run(partial(plan, observed, now=now, settings=deps.settings)),
-            timeout=deps.plan_budget_seconds)
-    except TimeoutError:
-        return await _report_slow_plan(deps, body, observed)
+    key = (namespace, name)
+    async with deps.placement_lock:
+        deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
+        observed = replace(observed, tpu_short_since=deps.tpu_short_since,
+                           busy_pools=observed.busy_pools | deps.claimed_by_others(key))
+        try:
+            result = await asyncio.wait_for(
+                deps.run(partial(plan, observed, now=now, settings=deps.settings)),
+                timeout=deps.plan_budget_seconds)
+        except TimeoutError:
+            return await _report_slow_plan(deps, body, observed)
+        deps.claim(key, result.status)
     new_status = status_patch(result.status)
     written = body
     if new_status != status_patch(parse_status(body.get("status"))):

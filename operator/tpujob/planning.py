@@ -30,6 +30,7 @@ from tpujob.plan_pools import choose_pools
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 FINISHED_POLL_SECONDS = 3600.0
+WAIT_FOR_POOL_SECONDS = 5.0
 
 
 DEFAULT_SETTINGS = PlannerSettings()
@@ -187,6 +188,14 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
         draft.requeue(1.0)
         return
     pools = choose_pools(obs, pools_of(current), bad_nodes(job), draft=draft)
+    if len(pools) < job.spec.tpu.slices:
+        # Launching part of a gang would hold chips it cannot use; wait for a free pool.
+        draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
+        draft.condition(ConditionType.RUNNING, False, "WaitingForPool",
+                        f"{job.spec.tpu.slices - len(pools)} of {job.spec.tpu.slices} slices "
+                        f"have no free {job.spec.tpu.accelerator} {job.spec.tpu.topology} pool")
+        draft.requeue(WAIT_FOR_POOL_SECONDS)
+        return
     settings = attempt_settings(job, pools, planner)
     draft.fence_attempt = job.status.attempt
     draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),

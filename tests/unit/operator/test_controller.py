@@ -180,3 +180,42 @@ def test_a_finished_job_sleeps_until_its_pods_change_and_node_events_skip_it() -
     assert running.is_set() and not finished.is_set()
     deps.wake("team", "train")  # its own pods still wake it
     assert finished.is_set()
+
+
+class TwoJobs(FakeReader):
+    """Reads for two new jobs of one namespace, created at once (no pods exist yet)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.bodies = {}
+        for name in ("a", "b"):
+            body = job_body()
+            body["metadata"].update(name=name, uid=f"uid-{name}")
+            self.bodies[name] = body
+
+    def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.bodies[name]
+
+
+def test_jobs_planned_at_once_never_share_a_pool_and_one_too_many_waits() -> None:
+    reader, writer = TwoJobs(), RecordingWriter()
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps.clock = lambda: at(0)
+
+    async def both() -> None:
+        await asyncio.gather(*(reconcile(deps, "team", n) for n in ("a", "b")))
+
+    asyncio.run(both())
+    pools = [s["currentAttempt"]["placement"][0]["nodePool"] for s in writer.statuses]
+    assert len(pools) == 2 and len(set(pools)) == 2, pools
+    assert set(deps.pool_claims) == set(pools)
+    # With every pool claimed by others, a job about to launch waits rather than share one.
+    reader.bodies["a"] = job_body(status={**writer.statuses[0], "currentAttempt": {}})
+    reader.bodies["a"]["metadata"].update(name="a", uid="uid-a")
+    deps.claim(("team", "a"), None)
+    deps.pool_claims.update({"pool-0": ("team", "c"), "pool-2": ("team", "d")})
+    assert asyncio.run(reconcile(deps, "team", "a")) is not None
+    waiting = writer.statuses[-1]
+    running = next(c for c in waiting["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "WaitingForPool"
+    assert not any(k == "create" for k, _ in writer.calls[-3:])
