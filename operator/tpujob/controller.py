@@ -70,6 +70,13 @@ class Deps:
     # pods that exist mark their pools busy).
     pool_claims: dict[str, tuple[str, str]] = field(default_factory=dict)
     placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Blocking client calls and planning run here, not in the loop's default executor (six
+    # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=API_THREADS, thread_name_prefix="tpujob"))
+    # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
+    # guard against the unforeseen, and the loop stays free meanwhile.
+    plan_budget_seconds: float = 10.0
 
     def claim(self, key: tuple[str, str], status: TPUTrainingJobStatus | None) -> None:
         """Record the pools `key`'s status holds (none once it finished or is gone)."""
@@ -82,14 +89,6 @@ class Deps:
 
     def claimed_by_others(self, key: tuple[str, str]) -> frozenset[str]:
         return frozenset(p for p, owner in self.pool_claims.items() if owner != key)
-
-    # Blocking client calls and planning run here, not in the loop's default executor (six
-    # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
-    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=API_THREADS, thread_name_prefix="tpujob"))
-    # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
-    # guard against the unforeseen, and the loop stays free meanwhile.
-    plan_budget_seconds: float = 10.0
 
     def __copy__(self) -> Deps:
         return self
