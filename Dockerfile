@@ -10,7 +10,7 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 # A separate prefix lets the runtime stage copy exactly what was installed, without pip's
 # build dependencies or the sources.
-RUN pip install --prefix=/install .
+RUN pip install --prefix=/install ".[gcp]"
 
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="tpujob-operator" \

@@ -26,6 +26,7 @@ from tpujob.api import (
     parse_status,
     status_patch,
 )
+from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
 from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
 from tpujob.kube.observe import Reader, observe
@@ -77,6 +78,10 @@ class Deps:
     # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
     # guard against the unforeseen, and the loop stays free meanwhile.
     plan_budget_seconds: float = 10.0
+    # The optional Cloud TPU zone catalogue (advice only); refreshed by `refresh_catalogue`.
+    catalogue: CatalogueSource | None = None
+    catalogue_refresh_seconds: float = 6 * 3600.0
+    background: list[asyncio.Task[None]] = field(default_factory=list)  # kept, not collected
 
     def claim(self, key: tuple[str, str], status: TPUTrainingJobStatus | None) -> None:
         """Record the pools `key`'s status holds (none once it finished or is gone)."""
@@ -111,6 +116,17 @@ class Deps:
                 event.set()
 
 
+async def refresh_catalogue(deps: Deps) -> None:
+    """Keep the zone catalogue fresh for as long as the operator runs (a task of its own:
+    a slow or unreachable Cloud TPU API never holds a reconcile)."""
+    source = deps.catalogue
+    if source is None:
+        return
+    while True:
+        await deps.run(source.refresh)
+        await asyncio.sleep(deps.catalogue_refresh_seconds)
+
+
 async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     """Reconcile once; returns seconds until the next reconcile, None when the job is gone."""
     body = await deps.run(deps.reader.job_body, namespace, name)
@@ -131,6 +147,7 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     async with deps.placement_lock:
         deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
         observed = replace(observed, tpu_short_since=deps.tpu_short_since,
+                       catalogue=deps.catalogue.catalogue if deps.catalogue else None,
                            busy_pools=observed.busy_pools | deps.claimed_by_others(key))
         try:
             result = await asyncio.wait_for(

@@ -21,7 +21,7 @@ import kopf
 
 from tpujob import labels
 from tpujob.api import GROUP, PLURAL, VERSION
-from tpujob.controller import Deps, reconcile
+from tpujob.controller import Deps, reconcile, refresh_catalogue
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 
 ERROR_RETRY_SECONDS = 2.0
@@ -52,6 +52,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 30
         settings.persistence.finalizer = f"{GROUP}/operator"
+
+    @kopf.on.startup(registry=registry)
+    async def start_catalogue(memo: Any, **_: Any) -> None:
+        assert isinstance(memo, Deps)
+        if memo.catalogue is not None:
+            memo.background.append(asyncio.create_task(refresh_catalogue(memo)))
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from tpujob import contract, labels
 from tpujob.api import TPUTrainingJob
+from tpujob.gcp.catalogue import Catalogue
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -283,6 +284,8 @@ class Observed:
     # (`tpujob.node_health.track_tpu_shortfall`). The node object carries no time for it.
     # None: the caller keeps no such record, and a shortfall counts as soon as it is seen.
     tpu_short_since: Mapping[str, datetime] | None = None
+    # The Cloud TPU zone catalogue, when the operator is given one (advice only).
+    catalogue: Catalogue | None = None
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

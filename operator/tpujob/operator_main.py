@@ -63,6 +63,12 @@ def register(subparsers: Any) -> None:
                         "node's TPUs count as failed (a device plugin restart recovers within it)")
     p.add_argument("--plan-budget", type=float, default=10.0,
                    help="seconds one job's planning (its diagnosis included) may take")
+    p.add_argument("--gcp-project", default=None,
+                   help="with --gcp-zones: read the Cloud TPU zone catalogue (tpujob[gcp]) to "
+                        "advise which zones offer a job's shape; advice only")
+    p.add_argument("--gcp-zones", default="",
+                   help="comma-separated zones of the cluster's TPU node pools")
+    p.add_argument("--gcp-refresh-hours", type=float, default=6.0)
     p.add_argument("--priority", type=int, default=None,
                    help="kopf peering priority; replicas with equal priority pause each other, "
                         "so by default each replica draws a random one and the highest runs")
@@ -94,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
         node_health=NodeHealthSettings(
             not_ready_grace_seconds=args.node_not_ready_grace,
             tpu_shortfall_grace_seconds=args.tpu_shortfall_grace)),
-        plan_budget_seconds=args.plan_budget)
+        plan_budget_seconds=args.plan_budget,
+        catalogue_refresh_seconds=args.gcp_refresh_hours * 3600)
+    if args.gcp_project and args.gcp_zones:
+        from tpujob.gcp.client import CatalogueConfig, CatalogueSource, parse_zones
+
+        deps.catalogue = CatalogueSource(CatalogueConfig(project=args.gcp_project,
+                                                         zones=parse_zones(args.gcp_zones)))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address,
                           registry=deps.metrics.registry)

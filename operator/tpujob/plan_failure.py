@@ -14,6 +14,7 @@ from tpujob.api import ConditionType, FailedNode, LastFailure, Phase, TPUTrainin
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
 from tpujob.failure_facts import Trouble, user_rules
+from tpujob.gcp.catalogue import pool_advice
 from tpujob.node_health import NodeHealthSettings, judge
 from tpujob.observed import Observed
 from tpujob.placement import placement
@@ -177,9 +178,14 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     left = frozenset(p.node_pool for p in status.current_attempt.placement
                      if p.slice in decision.move_slices)
     pools = choose_pools(obs, keep, bad, draft=draft, avoid=left)
+    tpu = job.spec.tpu
     attempt = status.attempt + 1
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
         else None
+    unplaced = set(range(tpu.slices)) - set(pools)
+    advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology) if unplaced else None
+    if advice:
+        d = replace(d, advice=f"{d.advice} {advice}".strip())
     action = _describe(decision, pools, attempt)
     rollback = _rollback(d, trouble, status)
     if rollback is not None:

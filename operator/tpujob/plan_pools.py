@@ -19,6 +19,9 @@ def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str], *,
     slice leaves) is only placed last.
     """
     tpu, progress = obs.job.spec.tpu, obs.job.status.progress
+    # A recorded pool another job took meanwhile (during a backoff, or two claims crossing
+    # an operator restart) is given up and the slice placed again.
+    keep = {s: p for s, p in keep.items() if p not in obs.busy_pools}
     kept = set(keep.values())
     nodes = [n for n in obs.nodes.values() if n.pool in kept or n.pool not in obs.busy_pools]
     result = plan_placement(

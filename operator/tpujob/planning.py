@@ -21,6 +21,7 @@ from tpujob.api import (
 )
 from tpujob.api.attempt import AttemptStatus
 from tpujob.failure_facts import find_trouble
+from tpujob.gcp.catalogue import pool_advice
 from tpujob.observed import Observed, PodView
 from tpujob.placement import placement, pools_of
 from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
@@ -191,9 +192,12 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
     if len(pools) < job.spec.tpu.slices:
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
+        tpu = job.spec.tpu
+        advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology)
         draft.condition(ConditionType.RUNNING, False, "WaitingForPool",
-                        f"{job.spec.tpu.slices - len(pools)} of {job.spec.tpu.slices} slices "
-                        f"have no free {job.spec.tpu.accelerator} {job.spec.tpu.topology} pool")
+                        f"{tpu.slices - len(pools)} of {tpu.slices} slices have no free "
+                        f"{tpu.accelerator} {tpu.topology} pool" + (f"; {advice}" if advice
+                                                                      else ""))
         draft.requeue(WAIT_FOR_POOL_SECONDS)
         return
     settings = attempt_settings(job, pools, planner)

@@ -219,3 +219,22 @@ def test_jobs_planned_at_once_never_share_a_pool_and_one_too_many_waits() -> Non
     running = next(c for c in waiting["conditions"] if c["type"] == "Running")
     assert running["reason"] == "WaitingForPool"
     assert not any(k == "create" for k, _ in writer.calls[-3:])
+
+
+def test_a_job_with_no_free_pool_is_told_which_zones_offer_its_shape() -> None:
+    from tpujob.gcp.catalogue import Catalogue, Offer, catalogue_name
+    from tpujob.gcp.client import CatalogueConfig, CatalogueSource
+
+    name = catalogue_name("tpu-v4-podslice", "2x2x2")
+    assert name is not None
+    source = CatalogueSource(CatalogueConfig(project="p", zones=("us-central2-b",)))
+    source.catalogue = Catalogue(project="p", offers={
+        "us-central2-b": (Offer(name.type_name),), "europe-west4-a": ()})
+    reader, writer = FakeReader([], body=launching_job()), RecordingWriter()
+    deps = Deps(reader=reader, writer=writer, catalogue=source)  # type: ignore[arg-type]
+    deps.pool_claims.update({f"pool-{i}": ("team", f"other-{i}") for i in range(3)})
+    run(reader, writer, deps)
+    running = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "WaitingForPool"
+    assert f"create a {name.type_name} pool in us-central2-b" in running["message"]
+    assert "europe-west4-a" not in running["message"]
