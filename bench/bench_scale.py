@@ -68,6 +68,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="25 pools, 1 run, small drain and recovery: a few minutes per scenario")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--state-root", type=Path, default=None)
+    p.add_argument("--replot", type=Path, nargs="+", default=[],
+                   help="only summarize and plot these results files again")
     a = p.parse_args(argv)
     if a.quick:
         a.runs, a.sizes, a.timeout, a.recovery_timeout = 1, [25], 90.0, 180.0
@@ -135,6 +137,14 @@ def write(a: argparse.Namespace, scenario: str, runs: list[dict[str, Any]],
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    for path in a.replot:
+        data = json.loads(path.read_text())
+        data["summary"] = report.summarize(data["scenario"], data["runs"])
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        report.plot(data["scenario"], data["runs"], data["summary"], path.with_suffix(".png"))
+        print(report.markdown(data["scenario"], data["summary"]))
+    if a.replot:
+        return 0
     if os.geteuid() != 0:
         print("the local cluster needs root (pod network namespaces)", file=sys.stderr)
         return 2
