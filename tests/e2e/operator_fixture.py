@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,16 @@ from tpujob.api import GROUP, PLURAL, VERSION
 # Tuned for a small, loaded machine: peers notice a dead worker within seconds, pods stuck on a
 # lost node are freed after a few seconds. It serves the tests' own namespaces (test-*) only, so
 # the operator the chart test installs in-cluster never competes with it.
-OPERATOR_ARGS = ("--namespace", "test-*", "--metrics-port", "0", "--liveness-port", "0",
+OPERATOR_ARGS = ("--namespace", "test-*", "--metrics-port", "0",
+                 "--liveness-address", "127.0.0.1",
                  "--collective-timeout", "15",
                  "--force-delete-after", "3", "--restart-grace", "3")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -33,6 +42,16 @@ class OperatorProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = field(default=0)
+    liveness_port: int = field(default_factory=free_port)
+
+    def healthy(self) -> bool:
+        """Whether its /healthz answers 200 now (kopf's liveness probe)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz",
+                                        timeout=5) as answer:
+                return int(answer.status) == 200
+        except OSError:
+            return False
 
     def start(self) -> None:
         self.starts += 1
@@ -40,7 +59,7 @@ class OperatorProcess:
         log.write(f"--- start {self.starts} ---\n".encode())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tpujob.cli", "operator", "--kubeconfig",
-             str(self.kubeconfig), *OPERATOR_ARGS],
+             str(self.kubeconfig), *OPERATOR_ARGS, "--liveness-port", str(self.liveness_port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True)
 

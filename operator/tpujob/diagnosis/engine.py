@@ -227,6 +227,12 @@ def _node_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit | None:
 
 
 PEER_LOST_TRAINER_CODES = frozenset({FailureCode.COLLECTIVE_FAILURE})
+# A trainer's own failure (a save, a restore) that broke because a peer went away mid-call:
+# it reports the operation, but the words say the cause is elsewhere.
+_PEER_GONE = compile_linear(
+    r"connection (reset|closed) by peer|peer closed|gloo \w+ failed|another task died"
+    r"|task \d+ (died|is no longer)|broken pipe",
+    where="built-in peer-gone pattern")
 
 
 def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:
@@ -244,7 +250,8 @@ def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:
         confidence=Confidence.HIGH,
         summary=message.summary.splitlines()[0][:200] if message.summary else str(code),
         # The trainer reports a broken collective as its own failure; it means a peer left.
-        consequence=code in PEER_LOST_TRAINER_CODES,
+        consequence=code in PEER_LOST_TRAINER_CODES
+        or _PEER_GONE.search(f"{message.summary}\n{message.traceback}") is not None,
     )
     detail = f"termination message code {message.code} ({message.class_hint})"
     return _Hit("trainer-code", verdict, (Evidence(Source.TRAINER, detail),))

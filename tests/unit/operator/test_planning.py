@@ -395,3 +395,18 @@ def test_a_heartbeat_number_out_of_range_is_absent_evidence_not_a_crash(
               contract.HEARTBEAT_CHECKPOINT_STEP: seen.checkpoint_step,
               contract.HEARTBEAT_TOTAL_STEPS: seen.total_steps}
     assert fields[key] is None
+
+
+def test_a_save_broken_by_a_killed_peer_blames_the_killed_peer() -> None:
+    # Worker 1 is killed while the gang saves: worker 0's save fails in its collective, and
+    # the trainer reports the save; the root is still the kill.
+    save = trainer_message(contract.ExitCode.CHECKPOINT_SAVE_FAILED,
+                           "saving step 20 failed: ValueError: UNKNOWN: Gloo AllGather failed: "
+                           "Read error [10.1.1.4]:6380: Connection reset by peer", step=20)
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0, phase="Failed", exit_code=41, message=save, finished=9.0),
+            pod(job, 1, 0, 1, phase="Failed", exit_code=137, reason="Error", finished=10.0)]
+    result = plan(observed(job, pods), now=at(20))
+    assert result.diagnosis is not None
+    assert result.diagnosis.root_worker == 1
+    assert result.status.restarts.soft == 1, result.status.last_failure
