@@ -68,6 +68,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="25 pools, 1 run, small drain and recovery: a few minutes per scenario")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--state-root", type=Path, default=None)
+    p.add_argument("--append", action="store_true",
+                   help="add the runs to those already in the results file (e.g. another size)")
     p.add_argument("--replot", type=Path, nargs="+", default=[],
                    help="only summarize and plot these results files again")
     a = p.parse_args(argv)
@@ -169,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for scenario in a.scenario:
         runs: list[dict[str, Any]] = []
+        old = a.results / f"scale-{'quick-' if a.quick else ''}{scenario}.json"
+        if a.append and old.exists():
+            runs = json.loads(old.read_text())["runs"]
         for size, pools, shape in plan(a, scenario):
             for run in range(a.runs):
                 order = a.arms[run % len(a.arms):] + a.arms[:run % len(a.arms)]
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     record = one_run(a, scenario=scenario, arm=arm, size=size, pools=pools,
                                      shape=shape, bin_dir=bin_dir, settings=settings,
                                      run=run)
+                    record["command"] = meta["command"]
                     runs.append(record)
                     print(json.dumps(_brief(record)), file=sys.stderr, flush=True)
                     path = write(a, scenario, runs, meta)
