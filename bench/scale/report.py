@@ -95,9 +95,11 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any],
         for r in runs:
             if "result" not in r:
                 continue
-            times = r["result"]["done_times_s"]
-            n = r["result"]["workloads"]
-            axes[0].plot(times, [n * (i + 1) / len(times) for i in range(len(times))],
+            res = r["result"]
+            # [seconds, workloads done so far]; older files kept every time (one per workload)
+            curve = res.get("done_over_time") or [[t, i + 1] for i, t in
+                                                  enumerate(res.get("done_times_s", []))]
+            axes[0].plot([c[0] for c in curve], [c[1] for c in curve],
                          color=COLORS.get(r["arm"]), alpha=0.8,
                          label=f"{r['arm']} run {r['run']}")
         axes[0].set(xlabel="seconds since the creates", ylabel="workloads done",

@@ -125,7 +125,8 @@ def drain(cluster: ArmCluster, shape: workloads.Shape, count: int,
             "workloads_done": len(tracker.done_at), "create_to_running_s": dist(waits),
             "makespan_s": makespan, "pods_per_s": round(pods / makespan, 2) if makespan else None,
             "cost": cost(cluster.arm, before, after),
-            "done_times_s": done_curve[:: max(1, len(done_curve) // 250)]}
+            "done_over_time": [[t, k + 1] for k, t in enumerate(done_curve)][
+                :: max(1, len(done_curve) // 250)]}
 
 
 def recovery(cluster: ArmCluster, shape: workloads.Shape, count: int, *, timeout: float,
