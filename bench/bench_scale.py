@@ -74,7 +74,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="only summarize and plot these results files again")
     a = p.parse_args(argv)
     if a.quick:
-        a.runs, a.sizes, a.timeout, a.recovery_timeout = 1, [25], 90.0, 180.0
+        a.runs, a.sizes, a.timeout = 1, [25], 90.0
+        a.recovery_timeout = min(a.recovery_timeout, 180.0)
         a.drain_jobs, a.drain_pools, a.run_for = 50, 25, "20s"
         a.recovery_jobs, a.recovery_pools = 20, 22
     return a

@@ -11,6 +11,7 @@ recovery  N workloads running on N + 10 % pools; 5 % of pods failed at once, the
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
@@ -197,7 +198,8 @@ def phase_result(cluster: ArmCluster, tracker: Tracker, affected: set[str], *,
 
 
 def repair_nodes(cluster: ArmCluster, lost: list[str], t_fault: float) -> None:
-    """GKE's node repair, the same for every arm: delete the lost VMs, then recreate them."""
+    """GKE's node repair, the same for every arm: delete the lost VMs, recreate them, and let
+    their kubelets finish the pods that were being deleted there."""
     core = client.CoreV1Api(cluster.api)
     time.sleep(max(0.0, t_fault + REPAIR_DELETE_S - time.monotonic()))
     for name in lost:
@@ -209,3 +211,14 @@ def repair_nodes(cluster: ArmCluster, lost: list[str], t_fault: float) -> None:
         with contextlib.suppress(client.exceptions.ApiException):
             core.create_node(nodes.node(name, nodes.pool_of(name), cluster.settings.accelerator,
                                         cluster.settings.topology, chips))
+    # A repaired VM's kubelet finishes the pods still bound to it that were being deleted; kwok
+    # does that only when such a pod changes, so touch them (before PodGC's ~40 s they are not
+    # orphans yet, and would hold the node's chips for ever).
+    time.sleep(5)
+    pods = core.list_namespaced_pod(NAMESPACE, _preload_content=False)
+    for pod in json.loads(pods.data)["items"]:
+        meta = pod["metadata"]
+        if pod["spec"].get("nodeName") in lost and meta.get("deletionTimestamp"):
+            with contextlib.suppress(client.exceptions.ApiException):
+                core.patch_namespaced_pod(meta["name"], NAMESPACE, {"metadata": {"labels": {
+                    "bench.tpujob.dev/kubelet-resync": "true"}}})
