@@ -260,3 +260,18 @@ def test_a_claim_that_is_not_bound_to_a_local_volume_does_not_mount(
     spoil(lookups)
     with pytest.raises(claims.ClaimError, match=message):
         claims.claim_path("team", "ckpt", lookups)
+
+
+@pytest.mark.parametrize(("text", "expanded"), [
+    ("--bind=$(POD_IP)", "--bind=10.1.2.3"),
+    ("$(POD_IP):$(PORT)", "10.1.2.3:80"),
+    ("$(UNSET)", "$(UNSET)"),            # an unknown name stays as written
+    ("$$(POD_IP)", "$(POD_IP)"),          # $$ escapes
+    ("cost $$5", "cost $5"),
+    ("$(POD_IP", "$(POD_IP"),             # unterminated
+    ("plain", "plain"),
+], ids=str)
+def test_command_references_expand_as_the_kubelet_does(text: str, expanded: str) -> None:
+    from tpujob.local.agent.sandbox import expand_references
+
+    assert expand_references(text, {"POD_IP": "10.1.2.3", "PORT": "80"}) == expanded

@@ -201,9 +201,32 @@ def _write_files(directory: Path, files: Mapping[str, str]) -> None:
         path.write_text(content)
 
 
+def expand_references(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' expansion of `$(NAME)` in command and args, as the kubelet does it.
+
+    `$(NAME)` becomes the container's variable NAME when it has one and stays as written when
+    not; `$$` is a literal `$` (so `$$(NAME)` is the text `$(NAME)`).
+    """
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and (end := text.find(")", i + 2)) != -1 \
+                and text[i + 2:end] in env:
+            out.append(env[text[i + 2:end]])
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
 def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """command + args, with the executable found on the container's PATH as a runtime would."""
-    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    """command + args with `$(NAME)` expanded, the executable found on the container's PATH
+    as a runtime would."""
+    argv = [expand_references(str(a), env)
+            for a in [*(container.get("command") or []), *(container.get("args") or [])]]
     if not argv:
         raise StartError("no command: the local node runs the container's command on this "
                          "machine and cannot read an image's entrypoint; set `command`")
