@@ -36,4 +36,4 @@ def test_the_same_failure_on_two_slices_ends_the_job_fatal_after_the_second(
     # failure on other nodes) says why: either way the recurrence is the evidence.
     assert re.search(r"previous failure CHECKPOINT_RESTORE_FAILED\S* at step \d+|seen 2 times",
                      evidence), failure
-    assert any("FATAL" in m for m in run.events())
+    assert any("FATAL" in m for m in run.events()), (run.events(), status.get("pendingEvents"))
