@@ -190,3 +190,32 @@ def healthy_nodes(cluster: LocalCluster, core: client.CoreV1Api) -> Iterator[Non
         return True
 
     wait_for(all_ready, timeout=90, what="every node Ready and untainted")
+
+
+def wait_host_paths_admitted(cluster: LocalCluster, timeout: float = 90) -> None:
+    """Poll until a job with a hostPath checkpoint is admitted in `default` again.
+
+    A test that applies the chart's admission policies and deletes them leaves them in force
+    for a while: the apiserver drops a deleted policy from its own cache asynchronously. The
+    tests after it submit hostPath jobs, so the next test must not start before then.
+    """
+    from tpujob.api import GROUP, PLURAL, VERSION
+
+    custom = client.CustomObjectsApi(cluster.api_client())
+    probe = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTrainingJob",
+             "metadata": {"name": "admission-probe"},
+             "spec": {"tpu": {"accelerator": "tpu-v4-podslice", "topology": "2x2x2"},
+                      "trainer": {"image": "local", "command": ["true"]},
+                      "checkpoint": {"volume": {"hostPath": "/var/tmp/probe"}},
+                      "recovery": {"maxFailedNodes": 1}}}
+
+    def admitted() -> bool:
+        try:
+            custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, probe,
+                                                   dry_run="All")
+        except ApiException:
+            return False
+        return True
+
+    wait_for(admitted, timeout=timeout, what="hostPath jobs admitted again", interval=1)
+

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.conftest import LocalCluster, wait_for
+from tests.e2e.conftest import LocalCluster, wait_for, wait_host_paths_admitted
 from tests.e2e.test_chart_install import helm
 
 pytestmark = [pytest.mark.cluster]
@@ -54,3 +54,4 @@ def test_doctor_before_and_after_install(cluster: LocalCluster) -> None:
         assert by_check(findings, "catalogue")[0]["level"] == "info"
     finally:
         helm(cluster, "uninstall", "doctor", "--namespace", "doctor-system", "--wait")
+        wait_host_paths_admitted(cluster)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.e2e.conftest import ROOT, LocalCluster, wait_for
+from tests.e2e.conftest import ROOT, LocalCluster, wait_for, wait_host_paths_admitted
 from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import (
     Run,
@@ -120,6 +120,7 @@ def host_path_policy(cluster: LocalCluster, crds_installed: None,
     finally:
         cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered,
                         check=False)
+        wait_host_paths_admitted(cluster)
 
 
 def dry_run_job(cluster: LocalCluster, namespace: str, host_path: str) -> str | None:

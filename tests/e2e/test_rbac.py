@@ -24,7 +24,7 @@ from tests.contract.test_chart import (
     WATCHED_NAMESPACE_RIGHTS,
     WATCHED_NAMESPACES_CLUSTER_RIGHTS,
 )
-from tests.e2e.conftest import ROOT, LocalCluster, wait_for
+from tests.e2e.conftest import ROOT, LocalCluster, wait_for, wait_host_paths_admitted
 
 pytestmark = pytest.mark.cluster
 
@@ -86,6 +86,7 @@ def install(cluster: LocalCluster, core: client.CoreV1Api, home: str,
     finally:
         cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered,
                         check=False)
+        wait_host_paths_admitted(cluster)
 
 
 @pytest.fixture
