@@ -123,6 +123,9 @@ def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: dat
 # Until an attempt's first heartbeat, start-up (joining the job, restoring, compiling the first
 # step) may take this many stall timeouts before it counts as a hang.
 STARTUP_TIMEOUTS = 2
+# ... and never less than this: importing the framework and joining the job's processes take
+# tens of seconds on a busy host whatever the stall timeout says.
+STARTUP_FLOOR_SECONDS = 60.0
 
 
 def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
@@ -136,16 +139,20 @@ def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
         return None
     beat = obs.heartbeat
     attempt = obs.job.status.attempt
-    if beat is not None and beat.attempt == attempt and beat.renewed is not None:
+    own = beat is not None and beat.attempt == attempt and beat.renewed is not None
+    if own and beat is not None and beat.renewed is not None:
         since, limit = beat.renewed, timeout
     else:
         started = [p.running_since for p in pods if p.running_since is not None]
-        since, limit = max([launched_at, *started]), timeout * STARTUP_TIMEOUTS
+        since = max([launched_at, *started])
+        limit = max(timeout * STARTUP_TIMEOUTS, STARTUP_FLOOR_SECONDS)
     seconds = (now - since).total_seconds()
     if seconds <= limit:
         return None
+    # The step of another attempt's beat is not this hang's: stamping it would make a hang at
+    # start-up look like the same failure at the same step (a deterministic repeat).
     return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=limit,
-                             step=beat.step if beat is not None else None)
+                             step=beat.step if own and beat is not None else None)
 
 
 def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:

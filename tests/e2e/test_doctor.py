@@ -28,6 +28,10 @@ def test_doctor_before_and_after_install(cluster: LocalCluster) -> None:
     # break those, so the CRD finding is checked only on a fresh cluster.
     crd_present = cluster.kubectl("get", "crd", "tputrainingjobs.tpujob.dev",
                                   check=False).returncode == 0
+    # An operator another test installed and removed may still be terminating.
+    wait_for(lambda: not cluster.kubectl(
+        "get", "pods", "-A", "-l", "app.kubernetes.io/name=tpujob-operator", "-o", "name",
+        check=False).stdout.strip(), timeout=120, what="no operator pod left")
     code, findings = doctor(cluster)
     assert code == 1
     assert [f["level"] for f in by_check(findings, "crd")] == \

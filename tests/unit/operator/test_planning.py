@@ -410,3 +410,16 @@ def test_a_save_broken_by_a_killed_peer_blames_the_killed_peer() -> None:
     assert result.diagnosis is not None
     assert result.diagnosis.root_worker == 1
     assert result.status.restarts.soft == 1, result.status.last_failure
+
+
+def test_a_hang_at_start_up_is_not_stamped_with_the_previous_attempts_step() -> None:
+    # A short stall timeout still leaves start-up its floor; the hang that follows has no step
+    # of its own, so a second one is not "the same failure at the same step".
+    job = job_body(status=running_status(attempt=2), recovery={"stallTimeoutSeconds": 10})
+    old_beat = lease(renewed=-100, step=17, attempt=1)
+    pods = [pod(job, 2, 0, 0), pod(job, 2, 0, 1)]
+    assert plan(observed(job, pods, heartbeat=old_beat), now=at(50)).diagnosis is None
+    hung = plan(observed(job, pods, heartbeat=old_beat), now=at(70))
+    assert hung.diagnosis is not None
+    assert hung.diagnosis.code.value == "HANG"
+    assert hung.diagnosis.step is None
