@@ -27,6 +27,7 @@ from tpujob.local import controlplane
 from tpujob.local.binaries import binary_dir
 
 ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "tpujob-operator"
 TEST_POOLS = controlplane.PoolOptions(pools=3, accelerator="tpu-v4-podslice", topology="2x2x2",
                                       spare_nodes=1)
 
@@ -218,4 +219,18 @@ def wait_host_paths_admitted(cluster: LocalCluster, timeout: float = 90) -> None
         return True
 
     wait_for(admitted, timeout=timeout, what="hostPath jobs admitted again", interval=1)
+
+
+def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: str,
+                  only: tuple[str, ...] = ()) -> str:
+    """`helm template` of the chart with `--set` values, limited to the `only` templates."""
+    args = [str(cluster.bin_dir / "helm"), "template", release, str(CHART), "--namespace",
+            namespace]
+    for item in sets:
+        args += ["--set", item]
+    for template in only:
+        args += ["--show-only", template]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from tests.e2e.conftest import LocalCluster, wait_for
+from tests.e2e.conftest import CHART, LocalCluster, wait_for
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, assert_recovered, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.usefixtures("healthy_nodes")]
-CHART = Path(__file__).resolve().parents[2] / "charts" / "tpujob-operator"
 
 
 def helm(cluster: LocalCluster, *args: str) -> str:

@@ -13,12 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.binaries import REPO_ROOT
+from tests.e2e.conftest import CHART, helm_template
 
 pytestmark = pytest.mark.cluster
-
-CHART = REPO_ROOT / "charts" / "tpujob-operator"
-
 
 def run(
     cluster: Any, tool: str, *args: str, stdin: str | None = None
@@ -32,17 +29,6 @@ def run(
 def kubectl(cluster: Any, *args: str, stdin: str | None = None) -> str:
     result = run(cluster, "kubectl", *args, stdin=stdin)
     assert result.returncode == 0, f"kubectl {' '.join(args)}:\n{result.stderr}"
-    return result.stdout
-
-
-def helm_template(cluster: Any, release: str, namespace: str, *sets: str, only: str = "") -> str:
-    args = ["template", release, str(CHART), "--namespace", namespace]
-    for item in sets:
-        args += ["--set", item]
-    if only:
-        args += ["--show-only", only]
-    result = run(cluster, "helm", *args)
-    assert result.returncode == 0, result.stderr
     return result.stdout
 
 

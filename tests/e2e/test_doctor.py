@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.conftest import LocalCluster, wait_for, wait_host_paths_admitted
+from tests.e2e.conftest import CHART, LocalCluster, wait_for, wait_host_paths_admitted
 from tests.e2e.test_chart_install import helm
 
 pytestmark = [pytest.mark.cluster]
-CHART = Path(__file__).resolve().parents[2] / "charts" / "tpujob-operator"
 
 
 def doctor(cluster: LocalCluster) -> tuple[int, list[dict[str, Any]]]:

@@ -9,7 +9,6 @@ pod for real.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.e2e.conftest import ROOT, LocalCluster, wait_for, wait_host_paths_admitted
+from tests.e2e.conftest import (
+    LocalCluster,
+    helm_template,
+    wait_for,
+    wait_host_paths_admitted,
+)
 from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import (
     Run,
@@ -33,7 +37,6 @@ from tpujob.api import GROUP, PLURAL, VERSION, parse_job
 
 pytestmark = pytest.mark.cluster
 
-CHART = ROOT / "charts" / "tpujob-operator"
 ALLOWED_PREFIX = "/var/tmp/tpujob"
 
 
@@ -95,17 +98,6 @@ def test_a_relaxed_trainer_is_still_judged_by_the_namespace(
     assert refusal in message
 
 
-def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: str,
-                  only: str) -> str:
-    args = [str(cluster.bin_dir / "helm"), "template", release, str(CHART), "--namespace",
-            namespace, "--show-only", only]
-    for item in sets:
-        args += ["--set", item]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 @pytest.fixture
 def host_path_policy(cluster: LocalCluster, crds_installed: None,
                      namespace: str) -> Iterator[str]:
@@ -113,7 +105,7 @@ def host_path_policy(cluster: LocalCluster, crds_installed: None,
     rendered = helm_template(cluster, f"hp-{namespace[-5:]}", "tpujob-system",
                              f"hostPathPrefixes={{{ALLOWED_PREFIX}/}}",
                              f"watchNamespaces={{{namespace}}}",
-                             only="templates/admission-policies.yaml")
+                             only=("templates/admission-policies.yaml",))
     cluster.kubectl("apply", "-f", "-", input_text=rendered)
     try:
         yield namespace

@@ -9,7 +9,6 @@ ValidatingAdmissionPolicy must refuse the Lease write instead, which a server-si
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,11 +23,15 @@ from tests.contract.test_chart import (
     WATCHED_NAMESPACE_RIGHTS,
     WATCHED_NAMESPACES_CLUSTER_RIGHTS,
 )
-from tests.e2e.conftest import ROOT, LocalCluster, wait_for, wait_host_paths_admitted
+from tests.e2e.conftest import (
+    LocalCluster,
+    helm_template,
+    wait_for,
+    wait_host_paths_admitted,
+)
 
 pytestmark = pytest.mark.cluster
 
-CHART = ROOT / "charts" / "tpujob-operator"
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")
 CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
@@ -54,17 +57,6 @@ class Operator:
         return bool(self.authz.create_subject_access_review(review).status.allowed)
 
 
-def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: str) -> str:
-    args = [str(cluster.bin_dir / "helm"), "template", release, str(CHART), "--namespace",
-            namespace, "--show-only", "templates/serviceaccount.yaml", "--show-only",
-            "templates/rbac.yaml", "--show-only", "templates/admission-policies.yaml"]
-    for item in sets:
-        args += ["--set", item]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 @pytest.fixture
 def other_namespace(core: client.CoreV1Api, namespace: str) -> Iterator[str]:
     name = f"{namespace[:50]}-other"
@@ -76,7 +68,9 @@ def other_namespace(core: client.CoreV1Api, namespace: str) -> Iterator[str]:
 def install(cluster: LocalCluster, core: client.CoreV1Api, home: str,
             watched: tuple[str, ...]) -> Iterator[Operator]:
     sets = [f"watchNamespaces={{{','.join(watched)}}}"] if watched else []
-    rendered = helm_template(cluster, f"rbac-{home[-5:]}", home, *sets)
+    rendered = helm_template(cluster, f"rbac-{home[-5:]}", home, *sets, only=(
+        "templates/serviceaccount.yaml", "templates/rbac.yaml",
+        "templates/admission-policies.yaml"))
     cluster.kubectl("apply", "-f", "-", input_text=rendered)
     account = next(d["metadata"]["name"] for d in yaml.safe_load_all(rendered)
                    if d and d["kind"] == "ServiceAccount")
