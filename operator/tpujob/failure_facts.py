@@ -10,7 +10,7 @@ heartbeat becomes `HeartbeatFacts` when it has stalled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -51,15 +51,6 @@ def node_facts(node: NodeView | None, name: str, tpu_requested: int, *,
         tpu_allocatable=(node.tpu_allocatable if short else node.tpu_capacity)
         if node.tpu_capacity else None,
         tpu_requested=tpu_requested or None)
-
-
-def node_in_trouble(node: NodeView | None, *, now: datetime | None = None,
-                    settings: NodeHealthSettings = DEFAULT_HEALTH,
-                    tpu_short_since: Mapping[str, datetime] | None = None) -> bool:
-    """Whether the node fails its pods: debounced when `now` is given, else as seen now."""
-    if now is None:
-        return node is None or node.lost or node.tpu_degraded or node.under_maintenance
-    return judge(node, now=now, settings=settings, tpu_short_since=tpu_short_since).trouble.failure
 
 
 def worker_facts(obs: Observed, pod: PodView, *, step: int | None,

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
-from typing import Required, TypedDict, Unpack
 
 from tpujob.api.attempt import AttemptStatus, SlicePlacement
 from tpujob.observed import NodeView
@@ -186,26 +185,6 @@ def plan_placement(
     deferred = tuple((name, detail) for (rank, detail), name in ranked
                      if rank is PoolRank.MAINTENANCE_DUE and len(result) > len(keep))
     return PlacementResult(result, tuple(notes), tuple(unplaced), deferred)
-
-
-class PlacementRequest(TypedDict, total=False):
-    """The keyword arguments of `plan_placement`."""
-
-    slices: Required[int]
-    hosts_per_slice: Required[int]
-    accelerator: Required[str]
-    topology: Required[str]
-    nodes: Required[Iterable[NodeView]]
-    keep: Required[Mapping[int, str]]
-    bad_nodes: Required[frozenset[str]]
-    busy_pools: frozenset[str]
-    now: datetime | None
-    run_until: datetime | None
-
-
-def place_slices(**request: Unpack[PlacementRequest]) -> dict[int, str]:
-    """The pools of `plan_placement`, without its notes."""
-    return plan_placement(**request).pools
 
 
 def broken_slices(pools: Mapping[int, str], nodes: Mapping[str, NodeView],
