@@ -187,17 +187,6 @@ def plan_placement(
     return PlacementResult(result, tuple(notes), tuple(unplaced), deferred)
 
 
-def broken_slices(pools: Mapping[int, str], nodes: Mapping[str, NodeView],
-                  bad_nodes: frozenset[str]) -> set[int]:
-    """Slices whose pool now has a node the job must not use."""
-    by_pool: dict[str, list[NodeView]] = defaultdict(list)
-    for node in nodes.values():
-        if node.pool:
-            by_pool[node.pool].append(node)
-    return {index for index, pool in pools.items()
-            if any(not n.healthy_for(bad_nodes) for n in by_pool.get(pool, []))}
-
-
 def pools_of(attempt: AttemptStatus) -> dict[int, str]:
     """The recorded pool of each slice of an attempt."""
     return {p.slice: p.node_pool for p in attempt.placement}
