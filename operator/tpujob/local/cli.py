@@ -51,7 +51,10 @@ def register(subparsers: Any) -> None:
     kill.add_argument("--signal", default="KILL", help="signal name (default: KILL)")
     kill.set_defaults(handler=_kill)
     for name, text in (("node-down", "stop a node's heartbeats and kill its pods"),
-                       ("node-up", "bring a node back"),
+                       ("node-up", "bring a node back (ends kubelet-stop and not-ready too)"),
+                       ("kubelet-stop", "silence a node's kubelet; its containers run on"),
+                       ("not-ready", "the node's kubelet reports Ready=False; pods run on"),
+                       ("ready", "the node's kubelet reports Ready=True again"),
                        ("tpu-unhealthy", "report the node's TPU chips unhealthy"),
                        ("tpu-healthy", "report the node's TPU chips healthy again"),
                        ("maintenance", "set GKE's maintenance taint and label")):
@@ -153,10 +156,13 @@ def _node_fault(args: argparse.Namespace) -> int:
     if args.fault_name == "maintenance":
         faults.maintenance(state_dir, args.node)
     else:
-        key, value = {"node-down": ("down", True), "node-up": ("down", False),
-                      "tpu-unhealthy": ("tpu_unhealthy", True),
-                      "tpu-healthy": ("tpu_unhealthy", False)}[args.fault_name]
-        faults.set_node_fault(state_dir, args.node, **{key: value})
+        changes = {"node-down": {"down": True},
+                   "node-up": {"down": False, "kubelet_stopped": False, "not_ready": False},
+                   "kubelet-stop": {"kubelet_stopped": True},
+                   "not-ready": {"not_ready": True}, "ready": {"not_ready": False},
+                   "tpu-unhealthy": {"tpu_unhealthy": True},
+                   "tpu-healthy": {"tpu_unhealthy": False}}[args.fault_name]
+        faults.set_node_fault(state_dir, args.node, **changes)
     print(f"{args.fault_name}: {args.node}")
     return 0
 

@@ -2,7 +2,14 @@
 
 * kill POD: a signal to the container's process (the process really dies).
 * node-down / node-up NODE: the agent stops (or resumes) the node's heartbeats; its pods'
-  processes die and their network is cut, as when a host crashes or loses its cable.
+  processes die and their network is cut, as when a host crashes or loses its cable. node-up
+  also ends the faults below that leave the processes running.
+* kubelet-stop NODE: the node's kubelet goes silent (no heartbeats, no status, no pod started,
+  stopped or deleted) while its containers run on with their network, as after a kubelet crash
+  or a partition of the host from the control plane; node-up starts it again, and it then
+  kills the containers of pods deleted meanwhile.
+* not-ready / ready NODE: the kubelet posts Ready=False (a container runtime or PLEG hiccup)
+  or Ready=True again; heartbeats and pods go on.
 * partition POD: the pod's link to the bridge goes down while its process lives on.
 * tpu-unhealthy NODE: what a kubelet shows when the TPU device plugin reports the host's chips
   failed: allocatable google.com/tpu drops to 0 (capacity stays), and every pod holding those
@@ -13,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -77,8 +85,7 @@ def set_node_fault(state_dir: Path, node: str, **changes: bool) -> None:
                                         state.pools.topology, state.pools.spare_nodes)}
     if node not in names:
         raise ComponentError(f"no node {node}; nodes: {', '.join(sorted(names))}")
-    current = read_faults(state_dir, node)
-    data = {"down": current.down, "tpu_unhealthy": current.tpu_unhealthy, **changes}
+    data = {**dataclasses.asdict(read_faults(state_dir, node)), **changes}
     path = fault_path(state_dir, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

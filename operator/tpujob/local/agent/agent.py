@@ -4,11 +4,16 @@ Threads: one watches pods (list, then watch, relisting on expiry), one renews no
 second and posts node status every few seconds, and the main thread reconciles every pod bound
 to a local node five times a second (start, reap, restart, terminate, report). A node marked
 down by `tpujob local fault node-down` behaves like a crashed host: no heartbeats, its pods'
-processes killed and their network cut, no status reported and no deletion completed.
+processes killed and their network cut, no status reported and no deletion completed. A node
+whose kubelet is stopped (`kubelet-stop`) is silent the same way, but its pods' processes run
+on with their network, as after a kubelet crash or a partition of the host from the control
+plane; a node marked not-ready posts Ready=False while everything else goes on, as a kubelet
+does during a container runtime or PLEG hiccup.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -50,6 +55,13 @@ MERGE_PATCH = "application/merge-patch+json"
 class NodeFaults:
     down: bool = False
     tpu_unhealthy: bool = False
+    not_ready: bool = False  # Ready=False posted; heartbeats and pods go on
+    kubelet_stopped: bool = False  # silent to the API, but its containers keep running
+
+    @property
+    def silent(self) -> bool:
+        """Nothing about the node or its pods reaches the API, and nothing from it is done."""
+        return self.down or self.kubelet_stopped
 
 
 def fault_path(state_dir: Path, node: str) -> Path:
@@ -61,7 +73,7 @@ def read_faults(state_dir: Path, node: str) -> NodeFaults:
         data = json.loads(fault_path(state_dir, node).read_text())
     except (OSError, ValueError):
         return NodeFaults()
-    return NodeFaults(bool(data.get("down")), bool(data.get("tpu_unhealthy")))
+    return NodeFaults(**{f.name: bool(data.get(f.name)) for f in dataclasses.fields(NodeFaults)})
 
 
 class Agent:
@@ -150,7 +162,7 @@ class Agent:
         status = nodeplan.node_status(
             self.nodes[name], now=rfc3339(time.time()),
             tpu_healthy=not self.faults[name].tpu_unhealthy, log_port=self.log_server.port,
-            ready_since=self.ready_since[name])
+            ready_since=self.ready_since[name], ready=not self.faults[name].not_ready)
         self.core.patch_node_status(name, {"status": status}, _content_type=MERGE_PATCH)
 
     def _renew_lease(self, name: str) -> None:
@@ -176,7 +188,7 @@ class Agent:
             changed = self._refresh_faults()
             post = changed or time.time() - last_status >= STATUS_EVERY
             for name in self.nodes:
-                if self.faults[name].down:
+                if self.faults[name].silent:
                     continue
                 try:
                     self._renew_lease(name)
@@ -195,7 +207,8 @@ class Agent:
             old = self.faults[name]
             if new != old:
                 changed = True
-                if old.down and not new.down:
+                # The Ready condition changes with each of these, so its transition time does.
+                if (old.silent and not new.silent) or old.not_ready != new.not_ready:
                     self.ready_since[name] = rfc3339(time.time())
                 self.faults[name] = new
                 self.wake.set()
@@ -242,10 +255,12 @@ class Agent:
             pods = dict(self.pods)
         self._apply_node_faults(now)
         for uid, pod in pods.items():
-            if self.faults[pod["spec"]["nodeName"]].down:
-                continue  # a crashed host's kubelet reports nothing and finishes nothing
+            if self.faults[pod["spec"]["nodeName"]].silent:
+                continue  # a crashed or cut-off kubelet reports nothing and finishes nothing
             self._reconcile(pod, self.runtimes.get(uid), now)
-        for uid in [u for u in self.runtimes if u not in pods]:
+        # A stopped kubelet does not see its pods deleted; once back, it kills what is gone.
+        for uid in [u for u, rt in self.runtimes.items()
+                    if u not in pods and not self.faults[rt.node].kubelet_stopped]:
             rt = self.runtimes.pop(uid)  # deleted from the API (force-deleted, too)
             self.runner.remove(rt)
             self.posted.pop(uid, None)

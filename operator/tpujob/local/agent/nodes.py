@@ -84,8 +84,11 @@ def node_object(node: NodeSpec) -> dict[str, Any]:
 
 
 def node_status(node: NodeSpec, *, now: str, tpu_healthy: bool, log_port: int,
-                ready_since: str) -> dict[str, Any]:
+                ready_since: str, ready: bool = True) -> dict[str, Any]:
     """The node's status as its kubelet would post it at `now` (RFC 3339).
+
+    Not `ready`: Ready=False as a kubelet posts it while its container runtime does not answer
+    (its pods keep running meanwhile).
 
     Failed chips show as a kubelet shows them: allocatable google.com/tpu drops below
     capacity (the device plugin lists the devices Unhealthy). There is no node condition for
@@ -105,7 +108,9 @@ def node_status(node: NodeSpec, *, now: str, tpu_healthy: bool, log_port: int,
         condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "enough memory"),
         condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "enough disk"),
         condition("PIDPressure", "False", "KubeletHasSufficientPID", "enough PIDs"),
-        condition("Ready", "True", "KubeletReady", "node agent is posting ready status"),
+        condition("Ready", "True", "KubeletReady", "node agent is posting ready status")
+        if ready else condition("Ready", "False", "KubeletNotReady",
+                                "container runtime status check may not have completed yet"),
     ]
     return {
         "capacity": capacity, "allocatable": allocatable, "conditions": conditions,
