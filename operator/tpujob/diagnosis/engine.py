@@ -42,7 +42,7 @@ from tpujob.diagnosis.rules import (
     first_line_match,
     matched_line,
 )
-from tpujob.diagnosis.textmodel import TextModel, packaged_model
+from tpujob.diagnosis.textmodel import TextModel, model_input, packaged_model
 from tpujob.diagnosis.unknown import MODEL_FLOOR, model_verdict
 
 SIGNAL_NAMES = {
@@ -305,7 +305,7 @@ def _exception_hit(texts: _Texts) -> _Hit | None:
 def _model_hit(model: TextModel | None, texts: _Texts) -> _Hit | None:
     if model is None:
         return None
-    prediction = model.predict(f"{texts.context}\n{texts.message}\n{texts.log}")
+    prediction = model.predict(model_input(texts.context, texts.message, texts.log))
     if prediction.probability < MODEL_FLOOR:
         return None
     detail = f"text model: {prediction.failure_class} with probability {prediction.probability:.2f}"

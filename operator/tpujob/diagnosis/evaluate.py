@@ -20,7 +20,7 @@ from tpujob.diagnosis.engine import diagnose_worker
 from tpujob.diagnosis.facts import REASON_OOM_KILLED, WorkerFacts
 from tpujob.diagnosis.linear import compile_linear
 from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass
-from tpujob.diagnosis.textmodel import TextModel
+from tpujob.diagnosis.textmodel import TextModel, model_input
 
 CLASSES = tuple(FailureClass)
 _CONFIDENCE_RANK = {Confidence.LOW: 0, Confidence.MEDIUM: 1, Confidence.HIGH: 2}
@@ -225,4 +225,4 @@ def cross_validate(
 
 def model_text(entry: CorpusEntry) -> str:
     """What the text model reads of a report (the same fields the engine gives it)."""
-    return f"{entry.context}\n{entry.text}"
+    return model_input(entry.context, "", entry.text)

@@ -12,7 +12,7 @@ admission accepts the engine runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import re2
 
@@ -29,11 +29,21 @@ class Match(Protocol):
     def group(self, group: int = 0) -> str: ...
 
 
+class Span(Protocol):
+    """Where a match over bytes lies."""
+
+    def start(self, group: int = 0) -> int: ...
+    def end(self, group: int = 0) -> int: ...
+
+
 class Regex(Protocol):
     """A compiled linear-time pattern (the subset of the `re` API the diagnosis uses)."""
 
     def search(self, text: str) -> Match | None: ...
+    @overload
     def finditer(self, text: str) -> Iterator[Match]: ...
+    @overload
+    def finditer(self, text: bytes) -> Iterator[Span]: ...
     def sub(self, repl: str, text: str) -> str: ...
 
 
@@ -68,3 +78,24 @@ def compile_linear(pattern: str, *, where: str, ignore_case: bool = True) -> Reg
             reason = reason.decode("utf-8", "replace")
         raise UnsafePatternError(where, pattern, str(reason)) from error
     return regex
+
+
+def replace_all(regex: Regex, replacement: str, text: str) -> str:
+    """`regex.sub(replacement, text)` for a replacement with no group references, faster.
+
+    RE2 matches UTF-8 bytes; on a `str` its Python wrapper converts every match's byte
+    offsets back to character offsets and expands the replacement as a template, which
+    costs more than the match itself when a text has hundreds of matches (numbers in a
+    log). Matching the encoded text once and joining bytes gives the same text.
+    """
+    encoded = text.encode("utf-8")
+    pieces: list[bytes] = []
+    end = 0
+    for found in regex.finditer(encoded):
+        pieces.append(encoded[end : found.start()])
+        end = found.end()
+    if not pieces:
+        return text
+    pieces.append(encoded[end:])
+    return replacement.encode("utf-8").join(pieces).decode("utf-8")
+

@@ -6,6 +6,12 @@ names, URLs), so the model learns mechanisms' words rather than one report's add
 weights are a committed JSON file (`textmodel.json`, written by `make diagnosis-model`);
 inference is plain Python: a sum of the present features' weights per class, then a softmax,
 whose top probability is reported as the confidence. Pure.
+
+What the model reads is bounded (`model_input`): the head of the context, the tail of the
+message and the tail of the log, 4 KB at most whatever the size of the log. Training
+reads its reports through the same function, so both see text of the same shape: a report
+is an excerpt of a few hundred characters, and a model fed 6 KB of step chatter around the
+same lines both dilutes their features and spends most of a diagnosis normalising chatter.
 """
 
 from __future__ import annotations
@@ -19,13 +25,18 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from tpujob.diagnosis.linear import compile_linear
+from tpujob.diagnosis.linear import compile_linear, replace_all
 from tpujob.diagnosis.model import FailureClass
 
 WEIGHTS_RESOURCE = "textmodel.json"
 FORMAT_VERSION = 1
-# The model reads the end of the log (where the failure is) plus the context.
-MAX_TEXT_CHARS = 6_000
+# What the model reads of each field. The context is the operator's own short notes, most
+# telling first; a message and a log end where the failure is.
+MAX_CONTEXT_CHARS = 1_000
+MAX_MESSAGE_CHARS = 1_000
+MAX_LOG_CHARS = 2_000
+# A bound for any caller that hands `features` text not cut by `model_input`.
+MAX_TEXT_CHARS = MAX_CONTEXT_CHARS + MAX_MESSAGE_CHARS + MAX_LOG_CHARS + 2
 
 # Order matters: URLs before paths and hosts, IPs before numbers.
 _PLACEHOLDERS = tuple(
@@ -45,23 +56,71 @@ _PLACEHOLDERS = tuple(
         ("num", r"\d+(?:\.\d+)*"),
     )
 )
-_WORD = compile_linear(r"[a-z_][a-z0-9_]+", where="built-in word pattern")
+# Words are runs of [a-z0-9_] that start with a letter or underscore and are 2+ long. They
+# are cut with str methods, not a regex: one match object per word cost more than all the
+# rest of the model's work. Anything else (punctuation, non-ASCII) separates words.
+_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_")
+_SEPARATE = bytes(b if b in _WORD_BYTES else 0x20 for b in range(256))
+_DIGITS = "0123456789"
+
+
+def bounded_head(text: str, limit: int) -> str:
+    """The start of `text`, at most `limit` characters, not ending inside a word.
+
+    A word the cut splits would become a feature of its own, so the head ends before it.
+    """
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    if head[-1].isspace() or text[limit].isspace():
+        return head
+    parts = head.rsplit(maxsplit=1)
+    return parts[0] if len(parts) == 2 else head
+
+
+def bounded_tail(text: str, limit: int) -> str:
+    """The end of `text`, at most `limit` characters, not starting inside a word."""
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    if tail[0].isspace() or text[-limit - 1].isspace():
+        return tail
+    parts = tail.split(maxsplit=1)
+    return parts[1] if len(parts) == 2 else tail
+
+
+def model_input(context: str, message: str, log: str) -> str:
+    """The bounded text the model reads of a failure (in training and in a diagnosis)."""
+    return "\n".join(
+        (
+            bounded_head(context, MAX_CONTEXT_CHARS),
+            bounded_tail(message, MAX_MESSAGE_CHARS),
+            bounded_tail(log, MAX_LOG_CHARS),
+        )
+    )
+
+
+def words(normalised: str) -> list[str]:
+    """The words of normalised text, in order."""
+    runs = normalised.encode("ascii", "replace").translate(_SEPARATE).split()
+    found = (run.decode("ascii").lstrip(_DIGITS) for run in runs)
+    return [word for word in found if len(word) >= 2]
 
 
 def normalise(text: str) -> str:
     """Lower-case text with volatile tokens replaced by placeholders."""
     out = text[-MAX_TEXT_CHARS:].lower()
     for regex, placeholder in _PLACEHOLDERS:
-        out = regex.sub(placeholder, out)
+        out = replace_all(regex, placeholder, out)
     return out
 
 
 def features(text: str) -> set[str]:
     """The feature names present in `text` (binary: presence, not counts)."""
-    words = [m.group(0) for m in _WORD.finditer(normalise(text))]
-    found = {f"w:{w}" for w in words}
-    found.update(f"b:{a} {b}" for a, b in itertools.pairwise(words))
-    for word in set(words):
+    tokens = words(normalise(text))
+    found = {f"w:{w}" for w in tokens}
+    found.update(f"b:{a} {b}" for a, b in itertools.pairwise(tokens))
+    for word in set(tokens):
         padded = f" {word} "
         for n in (3, 4, 5):
             found.update(f"c:{padded[i : i + n]}" for i in range(len(padded) - n + 1))
