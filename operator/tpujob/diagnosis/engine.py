@@ -32,6 +32,7 @@ from tpujob.diagnosis.model import (
     Source,
 )
 from tpujob.diagnosis.rules import (
+    Haystack,
     NodeSignal,
     Pattern,
     RuleTable,
@@ -70,43 +71,44 @@ _SIGNAL_SOURCES = {
 
 @dataclass(frozen=True)
 class _Texts:
-    """The searchable text of a worker, split by where it came from, with lower-cased copies."""
+    """The searchable text of a worker, split by where it came from, each made a haystack once."""
 
     message: str
     log: str
     context: str
     trainer: contract.TerminationMessage | None
+    table: RuleTable
 
     @functools.cached_property
-    def _sources(self) -> tuple[tuple[Source, str, str], ...]:
+    def _sources(self) -> tuple[tuple[Source, Haystack], ...]:
         return tuple(
-            (source, text, text.lower())
+            (source, self.table.haystack(text))
             for source, text in ((Source.MESSAGE, self.message), (Source.LOG, self.log))
             if text
         )
 
     @functools.cached_property
-    def _context_lower(self) -> str:
-        return self.context.lower()
+    def _context(self) -> Haystack:
+        return self.table.haystack(self.context)
 
     def search(self, patterns: Sequence[Pattern]) -> Evidence | None:
-        for source, text, lowered in self._sources:
-            found = first_line_match(patterns, text, lowered)
+        for source, haystack in self._sources:
+            found = first_line_match(patterns, haystack)
             if found:
-                return Evidence(source, matched_line(text, found))
+                return Evidence(source, matched_line(haystack.text, found))
         return None
 
     def search_context(self, patterns: Sequence[Pattern]) -> Evidence | None:
         if not self.context:
             return None
-        found = first_line_match(patterns, self.context, self._context_lower)
+        found = first_line_match(patterns, self._context)
         return Evidence(Source.CONTEXT, matched_line(self.context, found)) if found else None
 
 
-def _texts(worker: f.WorkerFacts) -> _Texts:
+def _texts(worker: f.WorkerFacts, table: RuleTable) -> _Texts:
     trainer = contract.parse_termination_message(worker.message)
     message = f"{trainer.summary}\n{trainer.traceback}" if trainer else worker.message
-    return _Texts(message, worker.log_tail[-MAX_LOG_CHARS:], worker.context, trainer)
+    return _Texts(message, worker.log_tail[-MAX_LOG_CHARS:], worker.context, trainer, table)
 
 
 def node_signals(worker: f.WorkerFacts) -> dict[NodeSignal, str]:
@@ -369,7 +371,7 @@ def diagnose_worker(
     """
     rule_table = table if table is not None else default_rule_table()
     text_model = packaged_model() if model == "packaged" else model
-    texts = _texts(worker)
+    texts = _texts(worker, rule_table)
     hit = _first_hit(worker, rule_table, user_rules, texts, text_model)
     rule, verdict, evidence = hit.rule, hit.verdict, hit.evidence
     chain: list[ChainLink] = []

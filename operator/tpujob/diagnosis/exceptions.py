@@ -39,6 +39,9 @@ _HTTP = compile_linear(
 )
 # How far back from the end a traceback's last exception is looked for.
 TAIL_CHARS = 8_000
+# Where it is looked for first: the last exception is nearly always in the last lines, and a
+# log of repeated warnings can hold hundreds of `Name:` lines before it, each a match object.
+FIRST_LOOK_CHARS = 1_000
 
 
 class Status(enum.StrEnum):
@@ -244,13 +247,18 @@ class Raised:
 def last_exception(text: str) -> Raised | None:
     """The last `Type: message` line of the text's tail, if any."""
     tail = text[-TAIL_CHARS:]
-    found = None
-    for found in _EXCEPTION.finditer(tail):  # noqa: B007 - the last match is the one wanted
-        pass
-    if found is None:
-        return None
-    end = tail.find("\n", found.end())
-    return Raised(found.group(1), tail[found.start(1) : end if end >= 0 else len(tail)].strip())
+    # The last lines first, from a line start (so `^` holds there as in the whole tail);
+    # only when they hold no exception is the whole tail read.
+    first_look = tail.rfind("\n", 0, max(0, len(tail) - FIRST_LOOK_CHARS)) + 1
+    for start in dict.fromkeys((first_look, 0)):
+        found = None
+        for found in _EXCEPTION.finditer(tail[start:]):  # noqa: B007 - the last one is wanted
+            pass
+        if found is not None:
+            line = tail[start:]
+            end = line.find("\n", found.end())
+            return Raised(found.group(1), line[found.start(1) : end if end >= 0 else None].strip())
+    return None
 
 
 def status_of(text: str) -> Status | None:

@@ -11,7 +11,7 @@ admission accepts the engine runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, overload
 
 import re2
@@ -99,3 +99,31 @@ def replace_all(regex: Regex, replacement: str, text: str) -> str:
     pieces.append(encoded[end:])
     return replacement.encode("utf-8").join(pieces).decode("utf-8")
 
+
+class LiteralSet:
+    """Which of a fixed collection of literal strings occur in a text, found in one pass.
+
+    Asking `literal in text` for each of a rule table's ~300 literals reads the text ~300
+    times (about 10 ms on a 64 KB log); an RE2 set reads it once, whatever the count. The
+    match is case-sensitive: callers look for lower-case literals in lower-cased text, as a
+    plain `in` would. RE2's set matcher is a DFA with a memory budget, and when the budget
+    runs out it reports no match rather than an error, which must not read as "none of them
+    present": the first pattern matches every text, so a result without it means the scan
+    failed, and `present` then answers None.
+    """
+
+    def __init__(self, literals: Iterable[str]) -> None:
+        self.literals = tuple(sorted(set(literals)))
+        self._set: Any = re2.Set.SearchSet(_options(ignore_case=False))
+        self._set.Add("")  # the sentinel, index 0
+        for literal in self.literals:
+            self._set.Add(re2.escape(literal))
+        self._set.Compile()
+        self.scanned = frozenset(self.literals)
+
+    def present(self, text: str) -> frozenset[str] | None:
+        """The literals that occur in `text`; None if the scan could not be completed."""
+        found = self._set.Match(text) or ()
+        if 0 not in found:
+            return None
+        return frozenset(self.literals[i - 1] for i in found if i)

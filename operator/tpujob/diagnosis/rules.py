@@ -12,13 +12,19 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 import yaml
 
-from tpujob.diagnosis.linear import Match, Regex, UnsafePatternError, compile_linear
+from tpujob.diagnosis.linear import (
+    LiteralSet,
+    Match,
+    Regex,
+    UnsafePatternError,
+    compile_linear,
+)
 from tpujob.diagnosis.model import Confidence, FailureClass, FailureCode
 from tpujob.diagnosis.prefilter import required_literals
 
@@ -50,16 +56,36 @@ class NodeSignal(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class Haystack:
+    """A text to search, its lower case, and which of a table's literals it holds.
+
+    `present` is what one scan of the text by the table's `LiteralSet` found, for the
+    literals in `scanned`; a literal outside them (a user rule's), or every literal when
+    the scan was not made or failed (`present` None), is looked for in `lowered` directly.
+    """
+
+    text: str
+    lowered: str
+    present: frozenset[str] | None = None
+    scanned: frozenset[str] = frozenset()
+
+    def holds_any(self, literals: frozenset[str]) -> bool:
+        if self.present is not None and literals <= self.scanned:
+            return not literals.isdisjoint(self.present)
+        return any(literal in self.lowered for literal in literals)
+
+
+@dataclass(frozen=True)
 class Pattern:
     """A compiled rule regex and the literals one of which any match contains (if known)."""
 
     regex: Regex
     literals: frozenset[str] | None
 
-    def search(self, text: str, lowered: str) -> Match | None:
-        if self.literals is not None and not any(lit in lowered for lit in self.literals):
+    def search(self, haystack: Haystack) -> Match | None:
+        if self.literals is not None and not haystack.holds_any(self.literals):
             return None
-        return self.regex.search(text)
+        return self.regex.search(haystack.text)
 
 
 @dataclass(frozen=True)
@@ -110,6 +136,13 @@ class RuleTable:
     exit_rules: tuple[ExitRule, ...]
     default_name: str
     default: Verdict
+    # Every literal the text rules' pre-checks ask for, scanned for in one pass per text.
+    literals: LiteralSet = field(default_factory=lambda: LiteralSet(()), compare=False, repr=False)
+
+    def haystack(self, text: str) -> Haystack:
+        """`text` made ready for the text rules: lower-cased and scanned for their literals."""
+        lowered = text.lower()
+        return Haystack(text, lowered, self.literals.present(lowered), self.literals.scanned)
 
 
 @dataclass(frozen=True)
@@ -231,6 +264,12 @@ def parse_rule_table(data: Any) -> RuleTable:
         exit_rules=exit_rules,
         default_name=str(default.get("name", "default")),
         default=_verdict(default, "default"),
+        literals=LiteralSet(
+            literal
+            for rule in text_rules
+            for pattern in (*rule.any, *rule.also, *rule.context, *rule.unless)
+            for literal in pattern.literals or ()
+        ),
     )
 
 
@@ -241,10 +280,10 @@ def default_rule_table() -> RuleTable:
     return parse_rule_table(yaml.safe_load(text))
 
 
-def first_line_match(patterns: Sequence[Pattern], text: str, lowered: str) -> Match | None:
-    """The earliest-listed pattern's first match in `text` (`lowered` is its lower case)."""
+def first_line_match(patterns: Sequence[Pattern], haystack: Haystack) -> Match | None:
+    """The earliest-listed pattern's first match in the haystack's text."""
     for pattern in patterns:
-        found = pattern.search(text, lowered)
+        found = pattern.search(haystack)
         if found:
             return found
     return None

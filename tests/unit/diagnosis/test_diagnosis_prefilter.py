@@ -6,6 +6,7 @@ import pytest
 
 from tpujob.diagnosis import default_rule_table
 from tpujob.diagnosis.prefilter import required_literals
+from tpujob.diagnosis.rules import Haystack
 
 CASES = [
     ("Device or resource busy", {"device or resource busy"}),
@@ -42,7 +43,10 @@ def test_optional_groups_are_not_required() -> None:
 )
 def test_every_table_pattern_that_matches_passes_its_precheck(text: str) -> None:
     table = default_rule_table()
+    scanned = table.haystack(text)
+    unscanned = Haystack(text, text.lower())
     for rule in table.text_rules:
-        for pattern in (*rule.any, *rule.also):
+        for pattern in (*rule.any, *rule.also, *rule.context, *rule.unless):
             if pattern.regex.search(text):
-                assert pattern.search(text, text.lower()) is not None, rule.name
+                assert pattern.search(scanned) is not None, rule.name
+                assert pattern.search(unscanned) is not None, rule.name
