@@ -270,11 +270,74 @@ def _start_all(state: ClusterState, bins: dict[str, Path]) -> None:
 
 
 def _flag_value(comp: Running, flag: str) -> str:
-    cmdline = Path(f"/proc/{comp.pid}/cmdline").read_bytes().decode().split("\0")
-    for arg in cmdline:
+    return _argv_flag(_cmdline(comp), flag, comp.name)
+
+
+def _cmdline(comp: Running) -> list[str]:
+    return Path(f"/proc/{comp.pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+
+
+def _argv_flag(argv: list[str], flag: str, name: str) -> str:
+    for arg in argv:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
-    raise ComponentError(f"{comp.name} has no {flag}")
+    raise ComponentError(f"{name} has no {flag}")
+
+
+# The control-plane components an outage can take away and bring back with the same flags.
+RESTARTABLE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A component `stop_component` stopped: what `start_component` needs to start it again."""
+
+    name: str
+    argv: tuple[str, ...]
+
+
+def stop_component(state_dir: Path, name: str) -> Stopped:
+    """Stop one running control-plane component, as an outage of it would (SIGTERM, then KILL).
+
+    Everything else keeps running: clients of a stopped kube-apiserver see refused
+    connections until `start_component` brings it back on the same port with the same flags.
+    """
+    if name not in RESTARTABLE:
+        raise ComponentError(f"cannot stop {name}: only {', '.join(RESTARTABLE)}")
+    state_dir = state_dir.resolve()
+    with locked(state_dir):
+        state = ClusterState.load(state_dir)
+        comp = next((c for c in state.components if c.name == name and c.alive()), None) \
+            if state is not None else None
+        if state is None or comp is None:
+            raise ComponentError(f"{name} is not running in {state_dir}")
+        argv = tuple(_cmdline(comp))
+        processes.stop(comp, grace=10)
+        state.components = [c for c in state.components if c is not comp]
+        state.save()
+    return Stopped(name, argv)
+
+
+def start_component(state_dir: Path, stopped: Stopped, *, timeout: float = 90) -> Running:
+    """Start a component `stop_component` stopped and wait until it answers its health check."""
+    state_dir = state_dir.resolve()
+    with locked(state_dir):
+        state = ClusterState.load(state_dir)
+        if state is None:
+            raise ComponentError(f"no cluster in {state_dir}")
+        pki_dir = state_dir / "pki"
+        comp = processes.start(stopped.name, stopped.argv, state_dir / "logs")
+        state.components.append(comp)
+        state.save()
+        if stopped.name == "etcd":
+            _wait_healthy(comp, f"http://127.0.0.1:{state.etcd_port}/health", None, timeout)
+        elif stopped.name == "kube-apiserver":
+            _wait_healthy(comp, f"{state.server}/readyz", _tls_context(pki_dir), timeout)
+        else:
+            port = _argv_flag(list(stopped.argv), "--secure-port", stopped.name)
+            _wait_healthy(comp, f"https://127.0.0.1:{port}/healthz",
+                          _tls_context(pki_dir, client=None, verify=False), timeout)
+    return comp
 
 
 def _wait_agent_ready(agent: Running, root: Path, timeout: float = 60) -> None:
