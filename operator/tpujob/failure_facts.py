@@ -124,7 +124,8 @@ def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
     """A heartbeat older than the stall timeout while every worker runs is a hang.
 
     Before this attempt's first beat the clock starts when the last worker started running,
-    and start-up gets STARTUP_TIMEOUTS stall timeouts.
+    and start-up gets STARTUP_TIMEOUTS stall timeouts. Time the API server was unreachable
+    does not count (`Observed.api_reachable_since`).
     """
     if not pods or launched_at is None or not all(p.running for p in pods):
         return None
@@ -137,6 +138,10 @@ def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
         started = [p.running_since for p in pods if p.running_since is not None]
         since = max([launched_at, *started])
         limit = max(timeout * STARTUP_TIMEOUTS, STARTUP_FLOOR_SECONDS)
+    if obs.api_reachable_since is not None and obs.api_reachable_since > since:
+        # An apiserver outage is no hang: the trainers could not renew, nor could the operator
+        # see them renew; they get a whole stall timeout from the API's return.
+        since = obs.api_reachable_since
     seconds = (now - since).total_seconds()
     if seconds <= limit:
         return None

@@ -286,6 +286,11 @@ class Observed:
     tpu_short_since: Mapping[str, datetime] | None = None
     # The Cloud TPU zone catalogue, when the operator is given one (advice only).
     catalogue: Catalogue | None = None
+    # Since when the operator has reached the API server without a break, as its shell
+    # recorded it. While the API is down no trainer can renew its heartbeat and no operator
+    # can see one renewed, so a heartbeat's age counts only from then (`failure_facts`).
+    # None: no record is kept, and the age counts in full.
+    api_reachable_since: datetime | None = None
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)
