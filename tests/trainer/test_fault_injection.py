@@ -18,7 +18,7 @@ BASE = ("--steps", "5", "--batch-size", "8")
         ("crash@3", -9, None, "injecting fault crash before step 3"),
         ("exit-code=3@3", 3, None, "injecting fault exit-code before step 3"),
         ("exit-code=13@3", 13, "DEVICE_BUSY", "injected fault exit-code=13"),
-        ("shape@3", 21, "SHAPE_MISMATCH", "dot_general requires contracting dimensions"),
+        ("shape@3", 21, "SHAPE_MISMATCH", "Incompatible shapes for broadcasting"),
         ("oom@3", 22, "HOST_OOM", "Unable to allocate"),
     ],
     ids=["crash-is-a-real-sigkill", "plain-exit-code-has-no-message",

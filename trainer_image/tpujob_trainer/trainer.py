@@ -24,7 +24,7 @@ import numpy as np
 from tpujob_trainer import model, runtime
 from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.contract import ExitCode
-from tpujob_trainer.data import IN_FEATURES, make_batch
+from tpujob_trainer.data import SEQUENCE_LENGTH, make_sequence_batch
 from tpujob_trainer.failures import FailureContext
 from tpujob_trainer.faults import FaultKind, due
 from tpujob_trainer.heartbeat import Progress
@@ -85,17 +85,19 @@ class Trainer:
             fault = due(cfg.faults, step=step + 1, worker=cfg.process_id, attempt=cfg.attempt)
             if fault is not None:
                 inject(fault, step + 1, backend)
-            features = IN_FEATURES + (fault is not None and fault.kind is FaultKind.SHAPE)
-            batch = make_batch(cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size,
-                               features)
+            # The shape fault feeds sequences one token longer than the model was built for.
+            length = SEQUENCE_LENGTH + (fault is not None and fault.kind is FaultKind.SHAPE)
+            batch = make_sequence_batch(cfg.seed, data_index(step + 1, cfg.skip_windows),
+                                        cfg.batch_size, length)
             if fault is not None and fault.kind is FaultKind.NAN:
-                batch.x[0, 0] = np.nan  # the real loss of this step becomes NaN
+                batch.mask[0, 0] = np.nan  # the real loss of this step becomes NaN
             rows = slice(first_row, first_row + local_rows)
             stop_flags = np.full((local_devices,), int(self._stop_requested.is_set()), np.int32)
             state, loss, stop = train_step(
                 state,
-                model.shard_global(mesh, batch.x[rows], cfg.batch_size),
-                model.shard_global(mesh, batch.y[rows], cfg.batch_size),
+                model.shard_global(mesh, batch.tokens[rows], cfg.batch_size),
+                model.shard_global(mesh, batch.targets[rows], cfg.batch_size),
+                model.shard_global(mesh, batch.mask[rows], cfg.batch_size),
                 model.shard_global(mesh, stop_flags, jax.device_count()),
             )
             loss_value = float(model.local_value(loss))
