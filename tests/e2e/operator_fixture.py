@@ -43,6 +43,7 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = field(default=0)
     liveness_port: int = field(default_factory=free_port)
+    args: tuple[str, ...] = OPERATOR_ARGS
 
     def healthy(self) -> bool:
         """Whether its /healthz answers 200 now (kopf's liveness probe)."""
@@ -59,7 +60,7 @@ class OperatorProcess:
         log.write(f"--- start {self.starts} ---\n".encode())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tpujob.cli", "operator", "--kubeconfig",
-             str(self.kubeconfig), *OPERATOR_ARGS, "--liveness-port", str(self.liveness_port)],
+             str(self.kubeconfig), *self.args, "--liveness-port", str(self.liveness_port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True)
 

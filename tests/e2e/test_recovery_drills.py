@@ -1,0 +1,368 @@
+"""Recovery drills: transient faults stay transient, and nothing from elsewhere is trusted.
+
+Each drill runs real multi-process JAX trainers on the local cluster and makes a real fault
+happen at a chosen moment: a worker SIGKILLed again and again (once while the next attempt is
+still restoring), a namespace quota too small for the job, a node whose Ready flaps, a job
+deleted and re-applied while its old pods linger, kube-apiserver stopped while jobs train, a
+node whose kubelet goes silent while its trainer keeps training. The drills run under an
+operator of their own, in namespaces of their own (`drill-*`), so its flags (a short
+node-not-ready grace) are theirs alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from tests.e2e.conftest import (
+    ROOT,
+    LocalCluster,
+    _has_default_sa,
+    crd_names,
+    wait_established,
+    wait_for,
+)
+from tests.e2e.operator_fixture import OPERATOR_ARGS, OperatorProcess
+from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
+
+from tpujob import labels
+from tpujob.api import GROUP, PLURAL, VERSION
+from tpujob.local import controlplane, faults
+from tpujob.local.binaries import binary_dir
+
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
+
+# A node whose Ready is not True for this long is lost; shorter than the default so a drill can
+# show both sides of it, longer than the flap the drill makes.
+NOT_READY_GRACE = 20
+DRILL_ARGS = (*(a if a != "test-*" else "drill-*" for a in OPERATOR_ARGS),
+              "--node-not-ready-grace", str(NOT_READY_GRACE))
+
+
+@pytest.fixture(scope="module")
+def drill_operator(cluster: LocalCluster, crds_installed: None,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("drill-operator") / "log",
+                           args=DRILL_ARGS)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _new_namespace(core: client.CoreV1Api, base: str) -> str:
+    name = f"drill-{base}-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: _has_default_sa(core, name), timeout=30, what="default ServiceAccount")
+    return name
+
+
+@pytest.fixture
+def drill_namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
+    base = request.node.name.removeprefix("test_").replace("_", "-")[:30].strip("-")
+    name = _new_namespace(core, base)
+    yield name
+    core.delete_namespace(name)
+
+
+def finished(run: Run, timeout: float = 300) -> dict[str, Any]:
+    """The status once the job ended either way (a drill that fails should fail fast)."""
+    return run.wait(lambda s: s.get("phase") in ("Succeeded", "Failed"), "the job finished",
+                    timeout)
+
+
+def restarts(status: dict[str, Any]) -> tuple[int, int, int]:
+    counts = status.get("restarts") or {}
+    return counts.get("soft", 0), counts.get("medium", 0), counts.get("hard", 0)
+
+
+def test_worker_killed_three_times_once_while_restoring_is_three_soft_restarts(
+        cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess,
+        tmp_path: Path) -> None:
+    # Attempt 1 dies at step 50. Attempt 2 dies before its first step, right after restoring,
+    # whichever checkpoint it restored (hence a crash at every checkpoint + 1): before its first
+    # heartbeat, while status.progress still holds attempt 1's step. Attempt 3 trains on and
+    # dies at step 75. Each is one worker SIGKILLed: transient, so three soft restarts.
+    on_restore = tuple(f"crash@{step}:worker=1:attempt=2" for step in range(1, 52, 10))
+    run = Run(cluster, drill_namespace, drill_operator, training_job(
+        "thrice", tmp_path, steps=100,
+        faults=("crash@50:worker=1:attempt=1", *on_restore, "crash@75:worker=1:attempt=3")))
+    status = finished(run, timeout=420)
+    context = (f"phase {status['phase']}; history {status.get('failureHistory')}; "
+               f"timeline {status.get('timeline')}")
+    assert status["phase"] == "Succeeded", context
+    assert restarts(status) == (3, 0, 0), context
+    assert status["restarts"]["total"] == 3, context
+    assert status["attempt"] == 4, context
+    history = status["failureHistory"]
+    assert [h["attempt"] for h in history] == [1, 2, 3], context
+    assert {h["class"] for h in history} == {"soft"}, context
+    # Attempt 2 never reported a step of its own: its failure carries none, and it did not
+    # count as progress; the two failures that did train carry different steps.
+    assert history[1].get("step") is None and not history[1].get("progressed"), context
+    assert history[0]["step"] != history[2]["step"], context
+    restarting = [e["message"] for e in status["timeline"] if e["kind"] == "Restarting"]
+    assert len(restarting) == 3 and all(m.startswith("[SOFT]") for m in restarting), context
+    resumed = [e["message"] for e in status["timeline"] if e["kind"] == "Resumed"]
+    assert not any(m.startswith("attempt 2 ") for m in resumed), context
+    assert status["progress"]["step"] == 100
+
+
+def test_quota_too_small_is_shown_and_the_job_launches_once_it_is_raised(
+        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
+        drill_operator: OperatorProcess, tmp_path: Path) -> None:
+    # Each host of the slice needs 4 chips; the namespace may request 2 in all.
+    quota = "tpu-quota"
+    core.create_namespaced_resource_quota(drill_namespace, {
+        "metadata": {"name": quota}, "spec": {"hard": {"requests.google.com/tpu": "2"}}})
+    wait_for(lambda: (core.read_namespaced_resource_quota(quota, drill_namespace).status.hard
+                      or {}).get("requests.google.com/tpu") == "2",
+             timeout=30, what="the quota admitted and counted")
+    run = Run(cluster, drill_namespace, drill_operator, training_job("quota", tmp_path,
+                                                                     steps=30))
+
+    def refused(status: dict[str, Any]) -> bool:
+        condition = next((c for c in status.get("conditions") or []
+                          if c["type"] == "PodsRefused"), None)
+        return condition is not None and condition["status"] == "True"
+
+    # The first reconcile that tries to create the pods says why they do not exist; a loose
+    # bound (the first reconcile comes within a second or two of the create on an idle machine).
+    status = run.wait(refused, "the PodsRefused condition", timeout=60)
+    condition = next(c for c in status["conditions"] if c["type"] == "PodsRefused")
+    assert quota in condition["message"], condition
+    assert "exceeded quota" in condition["message"], condition
+    assert not run.pods()
+    assert any(quota in m for m in run.events()), run.events()
+    core.patch_namespaced_resource_quota(quota, drill_namespace,
+                                         {"spec": {"hard": {"requests.google.com/tpu": "8"}}})
+    run.wait_training(step=5)
+    status = run.wait_phase("Succeeded")
+    assert status["restarts"]["total"] == 0
+    condition = next(c for c in status["conditions"] if c["type"] == "PodsRefused")
+    assert condition["status"] == "False", condition
+
+
+@pytest.mark.usefixtures("healthy_nodes")
+def test_node_ready_flapping_within_the_grace_is_no_failure(
+        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
+        drill_operator: OperatorProcess, tmp_path: Path) -> None:
+    run = Run(cluster, drill_namespace, drill_operator, training_job("flap", tmp_path,
+                                                                     steps=100))
+    run.wait_training(step=15)
+    node = run.node_of(1, 0, 1)
+
+    def ready_is(value: str) -> bool:
+        conditions = core.read_node(node).status.conditions or []
+        return any(c.type == "Ready" and c.status == value for c in conditions)
+
+    # A kubelet's hiccup: Ready=False for a couple of seconds, then True again. Every node
+    # change wakes the job, so the operator sees it; the node-lifecycle controller's not-ready
+    # taint evicts only after its toleration (5 s here), so the flap stays shorter than that.
+    faults.set_node_fault(cluster.state_dir, node, not_ready=True)
+    try:
+        wait_for(lambda: ready_is("False"), timeout=15, what=f"{node} Ready=False",
+                 interval=0.1)
+        time.sleep(1.5)
+    finally:
+        faults.set_node_fault(cluster.state_dir, node, not_ready=False)
+    wait_for(lambda: ready_is("True"), timeout=15, what=f"{node} Ready=True again", interval=0.1)
+    status = finished(run)
+    context = f"last failure {status.get('lastFailure')}; timeline {status.get('timeline')}"
+    assert status["phase"] == "Succeeded", context
+    assert status["attempt"] == 1, context
+    assert status["restarts"]["total"] == 0, context
+    assert status["failedNodes"] == [], context
+    assert labels.BAD_NODE_TAINT not in {t.key for t in core.read_node(node).spec.taints or []}
+
+
+def test_job_reapplied_while_old_pods_linger_trains_from_scratch_on_its_own_pods(
+        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
+        drill_operator: OperatorProcess, tmp_path: Path) -> None:
+    hold = "drills.tpujob.dev/hold"
+    first = Run(cluster, drill_namespace, drill_operator, training_job(
+        "again", tmp_path / "first", steps=20))
+    first.wait_phase("Succeeded")
+    old_pods = first.pods()
+    assert len(old_pods) == 2
+    # The old incarnation's finished pods linger after its deletion (a finalizer holds them,
+    # as a slow kubelet or a controller of someone else's would): same names, same labels,
+    # phase Succeeded. Adopting them by label would "succeed" without training.
+    for pod in old_pods:
+        core.patch_namespaced_pod(pod.metadata.name, drill_namespace,
+                                  {"metadata": {"finalizers": [hold]}})
+    try:
+        first.custom.delete_namespaced_custom_object(GROUP, VERSION, drill_namespace, PLURAL,
+                                                     "again")
+        wait_for(lambda: _job_gone(first), timeout=60, what="the first job deleted")
+        wait_for(lambda: all(p.metadata.deletion_timestamp for p in first.pods()), timeout=60,
+                 what="the old pods garbage-collected (held Terminating)")
+        second = Run(cluster, drill_namespace, drill_operator, training_job(
+            "again", tmp_path / "second", steps=30))
+        uid = second.custom.get_namespaced_custom_object(GROUP, VERSION, drill_namespace,
+                                                         PLURAL, "again")["metadata"]["uid"]
+        second.wait(lambda s: s.get("attempt") == 1 and "PodsCreated" in timeline_kinds(s),
+                    "the new job's first attempt launched", timeout=60)
+        time.sleep(5)  # several reconciles with the old pods in view
+        status = second.status()
+        assert status.get("phase") != "Succeeded", status
+        assert not (status.get("progress") or {}).get("step"), status
+    finally:
+        for pod in old_pods:
+            try:
+                core.patch_namespaced_pod(pod.metadata.name, drill_namespace,
+                                          {"metadata": {"finalizers": None}})
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+    status = second.wait_phase("Succeeded")
+    assert status["progress"]["step"] == 30
+    assert status["restarts"]["total"] == 0
+    assert status["currentAttempt"]["resumedStep"] < 10  # from scratch: no checkpoint before 10
+    pods = second.pods()
+    assert len(pods) == 2
+    assert all(p.metadata.uid not in {o.metadata.uid for o in old_pods} for p in pods)
+    assert all(any(r.uid == uid for r in p.metadata.owner_references or []) for p in pods)
+    log = core.read_namespaced_pod_log("again-1-0-0", drill_namespace)
+    assert "resumed from step" not in log
+
+
+def _job_gone(run: Run) -> bool:
+    try:
+        run.custom.get_namespaced_custom_object(GROUP, VERSION, run.namespace, PLURAL, run.name)
+    except ApiException as err:
+        return err.status == 404
+    return False
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the operator's shell does not record when the API server came back: "
+    "Observed.api_reachable_since stays None in controller.reconcile, so the first reconcile "
+    "after the outage sees every heartbeat as old as the outage and restarts the job as a "
+    "HANG (failure_facts._stalled discounts the outage once the shell fills the field)"))
+@pytest.mark.usefixtures("healthy_nodes")
+def test_apiserver_outage_leaves_training_jobs_untouched(
+        cluster: LocalCluster, core: client.CoreV1Api, drill_operator: OperatorProcess,
+        tmp_path: Path) -> None:
+    namespaces = [_new_namespace(core, f"outage-{i}") for i in range(2)]
+    try:
+        runs = [Run(cluster, ns, drill_operator, training_job(
+            f"outage{i}", tmp_path / str(i), steps=450, stallTimeoutSeconds=20))
+            for i, ns in enumerate(namespaces)]
+        for run in runs:
+            run.wait_training(step=10)
+        before = {run.name: run.status()["progress"]["step"] for run in runs}
+        stopped = controlplane.stop_component(cluster.state_dir, "kube-apiserver")
+        try:
+            time.sleep(30)
+        finally:
+            controlplane.start_component(cluster.state_dir, stopped)
+        back = time.monotonic()
+        # Reconciles resume: each job's status shows progress beyond what it showed before
+        # the outage. The issue asks for "within seconds"; the bound is loose because two
+        # trainers, the operator and a restarting control plane share a small machine.
+        for run in runs:
+            run.wait(lambda s, r=run: (s.get("progress") or {}).get("step", 0) > before[r.name],
+                     "progress reported again after the outage", timeout=30)
+        resumed_after = time.monotonic() - back
+        for run in runs:
+            status = finished(run)
+            context = (f"phase {status['phase']}; resumed {resumed_after:.0f}s after the "
+                       f"apiserver; last failure {status.get('lastFailure')}; "
+                       f"timeline {status.get('timeline')}")
+            assert status["phase"] == "Succeeded", context
+            assert status["attempt"] == 1, context
+            assert status["restarts"]["total"] == 0, context
+            assert [p.metadata.labels[labels.ATTEMPT] for p in run.pods()] == ["1", "1"]
+    finally:
+        for ns in namespaces:
+            core.delete_namespace(ns)
+
+
+# A slice of one host: its trainer trains alone, so with its kubelet cut off it trains on.
+SINGLE_HOST_POOLS = controlplane.PoolOptions(pools=2, accelerator="tpu-v4-podslice",
+                                             topology="2x2x1", spare_nodes=1)
+LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
+
+
+@pytest.fixture(scope="module")
+def single_host_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A second local cluster whose TPU pools are single-host slices (the session's are not)."""
+    state_dir = tmp_path_factory.mktemp("single-host-cluster")
+    state = controlplane.up(state_dir, SINGLE_HOST_POOLS, out=sys.stderr)
+    try:
+        cluster = LocalCluster(state_dir, state_dir / "kubeconfig", binary_dir(), state.server)
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        wait_established(cluster, crd_names(ROOT / "crds"))
+        yield cluster
+    finally:
+        controlplane.down(state_dir)
+
+
+def saves(log: str) -> list[tuple[datetime.datetime, int]]:
+    """(when, step) of every save a trainer's log says it started."""
+    found = re.findall(r"^(\S+ \S+) INFO \S+: saving step (\d+) ", log, flags=re.MULTILINE)
+    return [(datetime.datetime.strptime(when, LOG_TIME), int(step)) for when, step in found]
+
+
+def test_node_cut_off_while_its_trainer_trains_on_cannot_touch_the_new_attempts_checkpoints(
+        single_host_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory,
+        tmp_path: Path) -> None:
+    cluster = single_host_cluster
+    operator = OperatorProcess(cluster.kubeconfig,
+                               tmp_path_factory.mktemp("single-host-operator") / "log",
+                               args=DRILL_ARGS)
+    operator.start()
+    core = client.CoreV1Api(cluster.api_client())
+    namespace = _new_namespace(core, "zombie")
+    node = ""
+    try:
+        body = training_job("zombie", tmp_path, steps=260)
+        body["spec"]["tpu"]["topology"] = "2x2x1"
+        run = Run(cluster, namespace, operator, body)
+        run.wait_training(step=20)
+        node = run.node_of(1, 0, 0)
+        # The kubelet goes silent; the trainer does not notice and trains and saves on. The
+        # node-lifecycle controller gives up on the node, the operator starts attempt 2 on
+        # the other pool and force-deletes the old pod, which its silent kubelet never kills.
+        cut_at = run.status()["progress"]["step"]
+        faults.set_node_fault(cluster.state_dir, node, kubelet_stopped=True)
+        status = finished(run)
+        context = (f"phase {status['phase']}; last failure {status.get('lastFailure')}; "
+                   f"timeline {status.get('timeline')}")
+        assert status["phase"] == "Succeeded", context
+        assert restarts(status) == (0, 0, 1), context
+        assert [n["name"] for n in status["failedNodes"]] == [node], context
+        old_log = cluster.tpujob("local", "logs", "zombie-1-0-0", "-n", namespace).stdout
+        new_log = core.read_namespaced_pod_log("zombie-2-0-0", namespace)
+    finally:
+        if node:
+            faults.set_node_fault(cluster.state_dir, node, kubelet_stopped=False)
+        core.delete_namespace(namespace)
+        operator.stop()
+    old_saves, new_saves = saves(old_log), saves(new_log)
+    restored = re.search(r"resumed from step (\d+)", new_log)
+    assert restored is not None, new_log[-2000:]
+    assert old_saves and new_saves
+    # The old attempt really went on as a zombie: it saved after the step at which its node was
+    # cut off... and stopped at its first save once the operator had fenced it.
+    assert max(s for _, s in old_saves) > cut_at + 10, (cut_at, old_saves)
+    assert "fenc" in old_log.lower(), old_log[-2000:]
+    first_new = new_saves[0][0]
+    late = [(str(t), s) for t, s in old_saves if t >= first_new]
+    assert not late, f"old attempt saved after the new attempt's first save: {late}"
+    # Training resumed from a committed step, and the steps left in the directory are the
+    # new attempt's own saves.
+    assert int(restored.group(1)) >= max(s for _, s in old_saves) - 10
+    kept = {int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()}
+    assert kept and kept <= {s for _, s in new_saves}, (kept, new_saves)
