@@ -3,11 +3,14 @@
 A failure that comes back is evidence no single failure carries. Where it comes back says
 what is broken: the same signature again on the same node after a restart blames the node
 (hard); the same signature on different nodes or slices is the program (it follows the
-code: fatal, with the evidence "seen 3 times on 3 nodes"); a soft failure that a few
-in-place restarts did not clear needs a backoff (medium), then it stops. An attempt that
-reported progress of its own between failures resets the count: it trained, so the repeat
-is not deterministic. Across jobs, a node that two different jobs blamed softly within a
-window is broken even if neither job alone said so (the node ledger).
+code: fatal, with the evidence "seen 3 times on 3 nodes"), unless it was graded hard (a
+broken node or slice each time, which the job moves off and the budgets bound); a soft
+failure that a few in-place restarts did not clear needs a backoff (medium), then it stops.
+An attempt that reported progress of its own between two failures (past the step the first
+one struck) cuts the run there: it trained, so the repeat is not deterministic; training
+before the first failure proves nothing either way. Across jobs, a node that two different
+jobs blamed softly within a window is broken even if neither job alone said so (the node
+ledger).
 
 Pure: the operator passes the history and the time in, keeps the ledger in a ConfigMap it
 owns (`ledger_to_data` / `ledger_from_data`), and reports each escalation's `evidence` in
@@ -32,8 +35,11 @@ DEFAULT_LEDGER_ENTRIES = 256  # ~25 KB as JSON: far under a ConfigMap's 1 MiB
 LEDGER_KEY = "ledger.json"
 
 # Failures caused from outside: they are expected to recur and prove nothing by recurring.
+# A SIGKILL or SIGTERM from outside (PROCESS_KILLED) names no cause of its own: whoever sent
+# it did so twice, which says nothing of the node or the program; the soft ladder bounds it.
 EXTERNAL_CODES = frozenset(
     {
+        FailureCode.PROCESS_KILLED,
         FailureCode.PREEMPTED,
         FailureCode.MAINTENANCE,
         FailureCode.EVICTED,
@@ -43,8 +49,11 @@ EXTERNAL_CODES = frozenset(
         FailureCode.ADMISSION_REJECTED,
     }
 )
+# The note `diagnose_job` adds when other workers failed after the root says how fast the
+# operator looked, not what failed: it is no part of the signature.
 _VOLATILE = compile_linear(
-    r"0x[0-9a-f]+|\b[0-9a-f]{8,}\b|\d+(?:\.\d+)*|(?:[\w.-]*/[\w.@+=-]+){2,}|\s+",
+    r"\(\d+ other workers? failed after\)"
+    r"|0x[0-9a-f]+|\b[0-9a-f]{8,}\b|\d+(?:\.\d+)*|(?:[\w.-]*/[\w.@+=-]+){2,}|\s+",
     where="built-in signature normaliser",
 )
 
@@ -88,11 +97,17 @@ class MemoryVerdict:
 
 
 def _repeats(history: Sequence[PastFailure]) -> list[PastFailure]:
-    """The trailing run of the current failure's signature, cut at an attempt that progressed."""
+    """The trailing run of the current failure's signature, cut where an attempt progressed.
+
+    `progressed` is the attempt that ended in that failure, so it says whether the job
+    trained between the failure before and this one: a run reaches back past a failure only
+    while the failure after it did not progress. The first attempt nearly always trained
+    before its failure; that says nothing about whether the second one repeats it.
+    """
     current = history[-1]
     run = [current]
     for prior in reversed(history[:-1]):
-        if prior.progressed or prior.signature != current.signature:
+        if run[-1].progressed or prior.signature != current.signature:
             break
         run.append(prior)
     return run[::-1]
@@ -121,6 +136,11 @@ def judge(
                 blamed_node=current.node,
                 evidence=f"seen {len(run)} times in a row on node {current.node}",
             )
+        if current.failure_class is FailureClass.HARD:
+            # A broken node or slice each time, and the job moved off it: recurring elsewhere
+            # is another one (the failed-node and hard-restart budgets bound them), not the
+            # program.
+            return MemoryVerdict(Escalation.NONE, current.failure_class)
         return MemoryVerdict(
             Escalation.ACROSS_NODES,
             FailureClass.FATAL,

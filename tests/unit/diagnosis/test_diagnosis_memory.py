@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from tpujob.diagnosis import FailureClass, FailureCode
+from tpujob.diagnosis import FailureClass, FailureCode, JobFacts, WorkerFacts, diagnose_job
 from tpujob.diagnosis.memory import (
     Blame,
     Escalation,
@@ -51,6 +54,37 @@ CASES = [
         [crash(1, "n1"), crash(2, "n2", progressed=True)],
         Escalation.NONE,
         M,
+        None,
+    ),
+    (
+        "the-first-attempt-training-before-it-failed-counts",
+        [crash(1, "n1", progressed=True), crash(2, "n1")],
+        Escalation.SAME_NODE,
+        H,
+        "n1",
+    ),
+    (
+        "progress-before-the-last-repeat-cuts-what-came-before-it",
+        [crash(1, "n1"), crash(2, "n2", 1, progressed=True), crash(3, "n2", 1)],
+        Escalation.SAME_NODE,
+        H,
+        "n2",
+    ),
+    (
+        "a-hard-failure-on-another-node-is-another-broken-node",
+        [
+            crash(1, "n1", cls=H, code=FailureCode.NODE_LOST),
+            crash(2, "n2", cls=H, code=FailureCode.NODE_LOST),
+        ],
+        Escalation.NONE,
+        H,
+        None,
+    ),
+    (
+        "a-kill-from-outside-twice-on-one-node-proves-nothing",
+        [crash(i, "n1", cls=S, code=FailureCode.PROCESS_KILLED) for i in (1, 2)],
+        Escalation.NONE,
+        S,
         None,
     ),
     (
@@ -138,3 +172,22 @@ def test_ledger_is_bounded_and_survives_a_configmap_round_trip() -> None:
 def test_malformed_stored_ledger_is_a_typed_error() -> None:
     with pytest.raises(LedgerFormatError):
         ledger_from_data({"ledger.json": '[["n1", "job"]]'})
+
+
+def test_the_signature_ignores_which_worker_failed_and_whether_others_failed_after() -> None:
+    # Whether the peer's failure was seen before the operator diagnosed is timing, not cause.
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    killed = WorkerFacts(worker_index=1, exit_code=137, node_name="n1", finished_at=t)
+    peer = WorkerFacts(
+        worker_index=0, exit_code=30, node_name="n2", finished_at=t + timedelta(seconds=1)
+    )
+    alone = diagnose_job(JobFacts(workers=(replace(killed, worker_index=0),)))
+    with_peer = diagnose_job(JobFacts(workers=(killed, peer)))
+    assert with_peer.code is FailureCode.PROCESS_KILLED
+    assert "other worker failed after" in with_peer.summary
+    assert failure_signature(alone.code, alone.summary) == failure_signature(
+        with_peer.code, with_peer.summary
+    )
+    assert failure_signature(alone.code, alone.summary) != failure_signature(
+        alone.code, f"{alone.summary} on a different path"
+    )

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 from tests.unit.operator.builders import (
     at,
+    iso,
     job_body,
+    lease,
     observed,
     pod,
     running_status,
@@ -86,3 +88,42 @@ def model_guess(cls: dx.FailureClass, confidence: dx.Confidence) -> dx.Diagnosis
 def test_a_weak_model_guess_never_stops_the_job_or_moves_it(
         cls: dx.FailureClass, confidence: dx.Confidence, after: dx.FailureClass) -> None:
     assert weigh_model_guess(model_guess(cls, confidence)).failure_class is after
+
+
+def crash_on(job: dict[str, Any], attempt: int, node: str, *, crashed: int,
+             peer_failed: bool, now: float, beat: dict[str, Any] | None = None) -> Plan:
+    """Worker `crashed` of slice 0 dead of SIGSEGV on `node`; the other worker on the pool's
+    other node, failed after it (its collective broke) or still running."""
+    pool, host = node.rsplit("-", 1)
+    peer = pod(job, attempt, 0, 1 - crashed, node_name=f"{pool}-{'w0' if host == 'w1' else 'w1'}",
+               **({"phase": "Failed", "exit_code": 30, "finished": now - 1} if peer_failed
+                  else {}))
+    pods = [pod(job, attempt, 0, crashed, phase="Failed", exit_code=139, node_name=node,
+                finished=now - 2), peer]
+    return plan(observed(job, pods, heartbeat=beat), now=at(now))
+
+
+def test_a_crash_that_recurs_on_one_node_blames_it_whichever_worker_it_hits() -> None:
+    # A soft restart keeps the slice's pool, not each worker's node: the node that failed
+    # worker 1 in attempt 1 may host worker 0 in attempt 2. Neither that nor whether the peer
+    # failed before the operator looked makes it another failure. Attempt 1 trained before it
+    # failed (from step 1 to 25), which is no progress between the two failures; attempt 2
+    # crashes as it starts.
+    first_job = job_body(status=running_status(currentAttempt={
+        "placement": [{"slice": 0, "nodePool": "pool-0"}], "launchedTime": iso(at(0)),
+        "resumedStep": 1}))
+    first = crash_on(first_job, 1, "pool-0-w1", crashed=1, peer_failed=True, now=20,
+                     beat=lease(renewed=19, step=25))
+    assert first.status.failure_history[-1].progressed
+    assert first.status.restarts.medium == 1
+    assert first.status.last_failure is not None
+    assert "other worker" in first.status.last_failure.summary
+    second = crash_on(next_job(first, "2026-01-01T12:00:30Z"), 2, "pool-0-w1", crashed=0,
+                      peer_failed=False, now=60, beat=lease(renewed=19, step=25))
+    assert second.status.phase is Phase.RECOVERING
+    assert second.status.restarts.hard == 1
+    assert [n.name for n in second.status.failed_nodes] == ["pool-0-w1"]
+    assert second.status.current_attempt.placement[0].node_pool != "pool-0"
+    assert second.status.last_failure is not None
+    assert any("seen 2 times in a row on node pool-0-w1" in e
+               for e in second.status.last_failure.evidence)
