@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tpujob_trainer.config import Framework, TrainerConfig, load_config
 from tpujob_trainer.contract import ExitCode
@@ -23,15 +24,22 @@ from tpujob_trainer.failures import (
     write_termination_message,
 )
 
-
-def _run(config: TrainerConfig, holder: list[FailureContext]) -> ExitCode:
-    if config.framework is Framework.TENSORFLOW:
-        from tpujob_trainer.tf_trainer import run_tensorflow
-
-        return run_tensorflow(config)
+if TYPE_CHECKING:
+    # Imported when run: each loop pulls in its framework, and a run needs only one.
+    from tpujob_trainer.tf_trainer import TensorFlowTrainer
     from tpujob_trainer.trainer import Trainer
 
-    trainer = Trainer(config)
+
+def _run(config: TrainerConfig, holder: list[FailureContext]) -> ExitCode:
+    trainer: Trainer | TensorFlowTrainer
+    if config.framework is Framework.TENSORFLOW:
+        from tpujob_trainer.tf_trainer import TensorFlowTrainer
+
+        trainer = TensorFlowTrainer(config)
+    else:
+        from tpujob_trainer.trainer import Trainer
+
+        trainer = Trainer(config)
     try:
         return trainer.run()
     finally:

@@ -1,8 +1,9 @@
-"""Device preflight: before the first step, check that JAX got the devices the job asked for.
+"""Device preflight: before the first step, check that the framework got the devices asked for.
 
 `check_devices` is pure: it takes what a `DeviceProbe` saw (the backend, the local device
-count, or the error JAX raised when asked for TPUs) and returns the backend or raises a
-`TrainerError` whose message says what to check. `probe_jax` is the real probe.
+count, or the error the framework raised when asked for TPUs) and returns the backend or raises
+a `TrainerError` whose message says what to check. `probe_jax` is JAX's probe; the TensorFlow
+loop builds its probe from its TPU strategy (`tf_trainer`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def probe_jax(expect_tpu: bool) -> DeviceProbe:
     )
 
 
-def check_devices(probe: DeviceProbe, *, expect_chips: int, allow_cpu_fallback: bool) -> str:
+def check_devices(
+    probe: DeviceProbe, *, expect_chips: int, allow_cpu_fallback: bool, framework: str = "JAX"
+) -> str:
     """The backend to train on, or a TrainerError naming what to check."""
     if expect_chips <= 0:
         return probe.backend
@@ -79,13 +82,14 @@ def check_devices(probe: DeviceProbe, *, expect_chips: int, allow_cpu_fallback: 
     if probe.backend != "tpu":
         if allow_cpu_fallback:
             log.warning(
-                "expected %d TPU chips per host but JAX uses %s; continuing because CPU fallback "
-                "is allowed", expect_chips, probe.backend,
+                "expected %d TPU chips per host but %s uses %s; continuing because CPU fallback "
+                "is allowed", expect_chips, framework, probe.backend,
             )
             return probe.backend
         raise TrainerError(
             ExitCode.DEVICE_FALLBACK_TO_CPU,
-            f"expected {expect_chips} TPU chips per host but JAX fell back to {probe.backend}"
+            f"expected {expect_chips} TPU chips per host but {framework} fell back to "
+            f"{probe.backend}"
             f"{' (libtpu is not installed)' if not_installed else ''}; "
             "check that the pod requests google.com/tpu on a TPU node pool, that the TPU device "
             "plugin runs there, and that jax[tpu]/libtpu are installed in the image "
@@ -94,7 +98,8 @@ def check_devices(probe: DeviceProbe, *, expect_chips: int, allow_cpu_fallback: 
     if probe.local_devices < expect_chips:
         raise TrainerError(
             ExitCode.DEVICE_COUNT_MISMATCH,
-            f"expected {expect_chips} TPU chips per host but JAX sees {probe.local_devices} "
+            f"expected {expect_chips} TPU chips per host but {framework} sees "
+            f"{probe.local_devices} "
             f"({', '.join(probe.device_kinds)}); check the pod's google.com/tpu request, the "
             "node's TPU topology labels and the device plugin's health",
         )

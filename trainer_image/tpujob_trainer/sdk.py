@@ -31,11 +31,10 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, NoReturn, Self, TypeVar
 
 import numpy as np
@@ -45,7 +44,6 @@ from tpujob_trainer.collectives import gather_floats, gather_ints
 from tpujob_trainer.config import TrainerConfig, load_loop_config
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import (
-    FailureContext,
     build_message,
     report_exception,
     write_termination_message,
@@ -59,7 +57,6 @@ from tpujob_trainer.faults import (
     lasting,
 )
 from tpujob_trainer.health import Health, StepTiming, StepWindow, from_rows, rss_bytes
-from tpujob_trainer.heartbeat import Progress
 from tpujob_trainer.inject import inject
 from tpujob_trainer.loss_guard import LossGuard, NonFiniteLossError
 from tpujob_trainer.rollback import data_index
@@ -98,14 +95,12 @@ def _host_float(value: Any) -> float:
     return float(np.asarray(shards[0].data if shards else value))
 
 
-class Job:
+class Job(runtime.Loop):
     """One process's part of a job run by the tpujob operator; a context manager."""
 
     def __init__(self, config: TrainerConfig, *, guard: LossGuard | None = None) -> None:
-        self.config = config
-        self.context = FailureContext(worker=config.process_id)
+        super().__init__(config)
         self._guard = guard or LossGuard()
-        self._stop_requested = threading.Event()
         self._window = StepWindow()
         self._leaked: list[np.ndarray] = []
         self._checkpoints: Any = None
@@ -113,8 +108,6 @@ class Job:
         self._health: Health | None = None
         self._step_started = 0.0
         self._data_wait = 0.0
-        self._rate_window = (time.monotonic(), 0)
-        self._rate = 0.0
         self.stopping = False
 
     @classmethod
@@ -131,7 +124,7 @@ class Job:
         try:
             runtime.join(self.config)
             # After jax.distributed.initialize, which registers its own SIGTERM notifier.
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(signal.SIGTERM, self.on_sigterm)
             self.context = replace(self.context, backend=runtime.preflight(self.config))
             client = runtime.lease_client(self.config)
             self._checkpoints = runtime.open_checkpoints(
@@ -220,7 +213,7 @@ class Job:
             # pending save is safe; the rollback needs the newest committed step before the NaN.
             self._settle_checkpoints()
             raise
-        self.stopping = any(row[0] for row in gather_ints([int(self._stop_requested.is_set())]))
+        self.stopping = any(row[0] for row in gather_ints([int(self.stop_requested.is_set())]))
         if step % cfg.health_every == 0:
             rows = gather_floats(self._window.row(rss_bytes()))
             self._health = from_rows(step, rows)
@@ -229,7 +222,7 @@ class Job:
                          self._health.input_bound_fraction,
                          ",".join(f"{v:.3f}" for v in self._health.worker_step_seconds),
                          ",".join(str(v >> 20) for v in self._health.worker_rss_bytes))
-        self._log(step, loss_value)
+        self.log_progress(step, loss_value, self.stopping)
         due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or self.stopping
         if self._checkpoints is not None and due_to_save:
             if self._checkpoints.save(step, state):
@@ -240,26 +233,7 @@ class Job:
             committed = self._checkpoints.committed_step()
             if committed is not None:
                 self.context = replace(self.context, checkpoint_step=committed)
-        if self._heartbeat is not None:
-            self._heartbeat.progress(Progress(step, cfg.steps, loss_value, self._rate,
-                                              self.context.checkpoint_step, cfg.attempt,
-                                              self._health))
-
-    def _log(self, step: int, loss: float) -> None:
-        started, steps = self._rate_window
-        steps += 1
-        if step % self.config.log_every == 0 or step == self.config.steps or self.stopping:
-            elapsed = time.monotonic() - started
-            self._rate = steps / elapsed if elapsed > 0 else 0.0
-            log.info("step %d/%d loss=%.8f steps_per_s=%.2f", step, self.config.steps, loss,
-                     self._rate)
-            started, steps = time.monotonic(), 0
-        self._rate_window = (started, steps)
-
-    def _on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
-        # Only async-signal-safe work here; `step_done` does the rest.
-        self._stop_requested.set()
-        os.write(2, f"tpujob-trainer: received signal {signum}, saving and stopping\n".encode())
+        self.publish(self._heartbeat, step, loss_value, self._health)
 
     def _settle_checkpoints(self) -> None:
         if self._checkpoints is not None:

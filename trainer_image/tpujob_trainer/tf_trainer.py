@@ -1,32 +1,51 @@
 """The TensorFlow entry point (`--framework tensorflow`): Keras under TPUStrategy or the default.
 
-Same data, same contract, same faults as the JAX loop. TensorFlow is an optional extra
-(`tpujob-trainer[tensorflow]`) imported only here; without it the run ends with CONFIG_ERROR.
-Checkpoints use `tf.train.CheckpointManager`: resume from the newest checkpoint that restores,
-fall back to the previous one, save on SIGTERM and exit PREEMPTED.
+The same contract as the JAX loop: the device preflight's verdicts (`preflight.check_devices`),
+worker 0's heartbeat on the job's Lease, the fenced save, the non-finite loss stop, the rollback
+windows, the faults, the `step i/N loss=...` lines, and on SIGTERM a save of the step reached
+and exit PREEMPTED. `TensorFlowTrainer.context` always says how far the run got, so a failure's
+termination message carries the step and the committed checkpoint step.
+
+The model is a small Keras MLP on the regression batches of `data.make_batch`. TensorFlow is an
+optional extra (`tpujob-trainer[tensorflow]`) imported only here; without it the run ends with
+CONFIG_ERROR.
+
+Workers: on TPU, TPUStrategy spreads each step over the host's chips. Without TPUs (CPU
+fallback) every worker trains its own replica on the same batches, with no collective between
+workers, so worker 0 alone writes the checkpoints (`tf.train.CheckpointManager`, synchronous:
+a save has committed when it returns) and every worker resumes from them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
-import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from tpujob_trainer.config import TrainerConfig
+from tpujob_trainer import runtime
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.data import IN_FEATURES, make_batch
 from tpujob_trainer.failures import TrainerError
-from tpujob_trainer.faults import FaultKind, due
-from tpujob_trainer.inject import inject
+from tpujob_trainer.faults import FaultKind
+from tpujob_trainer.fencing import SaveGate
+from tpujob_trainer.loss_guard import LossGuard
+from tpujob_trainer.preflight import DeviceProbe, check_devices
+from tpujob_trainer.rollback import data_index
 
 log = logging.getLogger("tpujob_trainer.tensorflow")
 
 HIDDEN = 32
+LEARNING_RATE = 1e-2
 
 
 def _import_tensorflow() -> Any:
+    # TensorFlow's C++ start-up notices (oneDNN, CPU features) would bury the step lines the
+    # operator reads from the log tail; warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         import tensorflow as tf
     except ImportError as error:
@@ -38,70 +57,99 @@ def _import_tensorflow() -> Any:
     return tf
 
 
-def _strategy(tf: Any, config: TrainerConfig) -> tuple[Any, str]:
-    """TPUStrategy when a TPU answers, else the default strategy if CPU fallback is allowed."""
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="local")
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        strategy = tf.distribute.TPUStrategy(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        if config.expect_tpu_chips_per_host > 0 and not config.allow_cpu_fallback:
-            raise TrainerError(
-                ExitCode.DEVICE_FALLBACK_TO_CPU,
-                f"expected {config.expect_tpu_chips_per_host} TPU chips per host but TensorFlow "
-                f"found no TPU ({str(error)[:300]}); check the google.com/tpu request, the TPU "
-                "device plugin and that the image's TensorFlow has TPU support",
-            ) from error
-        log.info("strategy: default (no TPU: %s)", str(error).splitlines()[0][:200])
-        return tf.distribute.get_strategy(), "cpu"
-    log.info("strategy: TPUStrategy with %d replicas", strategy.num_replicas_in_sync)
-    return strategy, "tpu"
+def _step_of(path: str) -> int:
+    """The step of a checkpoint path `.../ckpt-<step>` (saved with `checkpoint_number=step`)."""
+    return int(path.rsplit("-", 1)[1])
 
 
-def _restore(tf: Any, checkpoint: Any, manager: Any) -> int:
-    """Restore the newest checkpoint that loads, falling back to older ones; the step or 0."""
-    for path in reversed(manager.checkpoints):
+class TensorFlowTrainer(runtime.Loop):
+    """One worker's part of a TensorFlow job. Not reusable: build one per run."""
+
+    def _strategy(self, tf: Any) -> tuple[Any, str]:
+        """TPUStrategy when a TPU answers, else the default strategy; the preflight decides."""
+        cfg = self.config
         try:
-            checkpoint.restore(path).assert_existing_objects_matched()
-        except (tf.errors.OpError, AssertionError, ValueError) as error:
-            log.warning("checkpoint %s cannot be restored (%s); falling back to the previous",
-                        path, str(error).splitlines()[0][:300])
-            continue
-        return int(checkpoint.step.numpy())
-    if manager.checkpoints:
-        raise TrainerError(
-            ExitCode.CHECKPOINT_RESTORE_FAILED,
-            f"none of the checkpoints {manager.checkpoints} could be restored",
-        )
-    return 0
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="local")
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            strategy = tf.distribute.TPUStrategy(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            devices = tf.config.list_logical_devices("CPU")
+            probe = DeviceProbe("cpu", len(devices), ("cpu",), str(error) or type(error).__name__)
+            strategy, backend = tf.distribute.get_strategy(), "cpu"
+            log.info("strategy: default (no TPU: %s)", probe.tpu_error.splitlines()[0][:200]
+                     if probe.tpu_error else "")
+        else:
+            devices = tf.config.list_logical_devices("TPU")
+            probe = DeviceProbe("tpu", len(devices), ("TPU",))
+            backend = "tpu"
+            log.info("strategy: TPUStrategy with %d replicas", strategy.num_replicas_in_sync)
+        log.info("devices: backend=%s local=%d kinds=%s tensorflow=%s", probe.backend,
+                 probe.local_devices, ",".join(probe.device_kinds), tf.__version__)
+        check_devices(probe, expect_chips=cfg.expect_tpu_chips_per_host,
+                      allow_cpu_fallback=cfg.allow_cpu_fallback, framework="TensorFlow")
+        return strategy, backend
 
+    def _restore(self, tf: Any, checkpoint: Any, manager: Any) -> int:
+        """Restore the newest checkpoint that loads (at or before the rollback step); 0 if none.
 
-def run_tensorflow(config: TrainerConfig) -> ExitCode:
-    """Train with Keras to `config.steps`; OK, or PREEMPTED after SIGTERM and a save."""
-    tf = _import_tensorflow()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-    strategy, backend = _strategy(tf, config)
-    with strategy.scope():
-        net = tf.keras.Sequential([
-            tf.keras.Input((IN_FEATURES,)),
-            tf.keras.layers.Dense(HIDDEN, activation="tanh"),
-            tf.keras.layers.Dense(1),
-        ])
-        optimizer = tf.keras.optimizers.Adam(1e-2)
-        step_var = tf.Variable(0, dtype=tf.int64)
-    checkpoint = tf.train.Checkpoint(model=net, optimizer=optimizer, step=step_var)
-    manager = None
-    start = 0
-    if config.checkpoint_dir:
-        manager = tf.train.CheckpointManager(checkpoint, config.checkpoint_dir,
-                                             max_to_keep=config.keep)
-        start = _restore(tf, checkpoint, manager)
-        if start:
-            log.info("resumed from step %d", start)
+        A checkpoint that does not load is skipped for the previous one; none loading while
+        some exist is CHECKPOINT_RESTORE_FAILED. Nothing is deleted.
+        """
+        resume_at = self.config.resume_step
+        paths = [p for p in manager.checkpoints if resume_at is None or _step_of(p) <= resume_at]
+        for path in reversed(paths):
+            try:
+                checkpoint.restore(path).assert_existing_objects_matched()
+            except (tf.errors.OpError, AssertionError, ValueError) as error:
+                log.warning("checkpoint %s cannot be restored (%s); falling back to the previous",
+                            path, str(error).splitlines()[0][:300])
+                continue
+            return int(checkpoint.step.numpy())
+        if paths:
+            raise TrainerError(
+                ExitCode.CHECKPOINT_RESTORE_FAILED,
+                f"none of the checkpoints {paths} could be restored; nothing was deleted",
+            )
+        return 0
 
-    def eager_step(x: Any, y: Any) -> Any:
+    def run(self) -> ExitCode:
+        """Train with Keras to `config.steps`; OK, or PREEMPTED after SIGTERM and a save."""
+        cfg = self.config
+        tf = _import_tensorflow()
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        strategy, backend = self._strategy(tf)
+        self.context = replace(self.context, backend=backend)
+        with strategy.scope():
+            net = tf.keras.Sequential([
+                tf.keras.Input((IN_FEATURES,)),
+                tf.keras.layers.Dense(HIDDEN, activation="tanh"),
+                tf.keras.layers.Dense(1),
+            ])
+            optimizer = tf.keras.optimizers.Adam(LEARNING_RATE)
+            step_var = tf.Variable(0, dtype=tf.int64)
+        checkpoint = tf.train.Checkpoint(model=net, optimizer=optimizer, step=step_var)
+        client = runtime.lease_client(cfg)
+        # Only worker 0 saves (see the module docstring), so its own fencing verdict is the
+        # job's: the gate's default agreement is with itself alone, no collective.
+        gate = None
+        if cfg.heartbeat_lease is not None and client is not None:
+            gate = SaveGate(client, lease=cfg.heartbeat_lease, namespace=cfg.namespace,
+                            attempt=cfg.attempt)
+        manager, start = None, 0
+        if cfg.checkpoint_dir:
+            Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            manager = tf.train.CheckpointManager(checkpoint, cfg.checkpoint_dir,
+                                                 max_to_keep=cfg.keep)
+            start = self._restore(tf, checkpoint, manager)
+            if start:
+                self.context = replace(self.context, step=start, checkpoint_step=start)
+                log.info("resumed from step %d", start)
+        else:
+            log.warning("no checkpoint directory: progress is lost if this process stops")
+        saver = manager if cfg.process_id == 0 else None
+        heartbeat = runtime.heartbeat(cfg, client)
+
         def replica_step(x: Any, y: Any) -> Any:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.square(net(x, training=True) - y))
@@ -109,32 +157,42 @@ def run_tensorflow(config: TrainerConfig) -> ExitCode:
             optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
             return loss
 
-        losses = strategy.run(replica_step, args=(x, y))
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
+        def eager_step(x: Any, y: Any) -> Any:
+            losses = strategy.run(replica_step, args=(x, y))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
 
-    train_step = tf.function(eager_step)
+        train_step = tf.function(eager_step)
 
-    step, begun = start, time.monotonic()
-    outcome = ExitCode.OK
-    while step < config.steps:
-        fault = due(config.faults, step=step + 1, worker=config.process_id, attempt=config.attempt)
-        if fault is not None:
-            inject(fault, step + 1, backend)
-        shape_fault = fault is not None and fault.kind is FaultKind.SHAPE
-        batch = make_batch(config.seed, step + 1, config.batch_size, IN_FEATURES + shape_fault)
-        loss = float(train_step(tf.constant(batch.x), tf.constant(batch.y)))
-        step += 1
-        step_var.assign(step)
-        if config.step_time:
-            time.sleep(config.step_time)
-        rate = (step - start) / max(time.monotonic() - begun, 1e-9)
-        if step % config.log_every == 0 or step == config.steps:
-            log.info("step %d/%d loss=%.8f steps_per_s=%.2f", step, config.steps, loss, rate)
-        stopping = stop.is_set()
-        if manager and (step % config.checkpoint_interval == 0 or step == config.steps or stopping):
-            manager.save(checkpoint_number=step)
-            log.info("saving step %d", step)
-        if stopping:
-            outcome = ExitCode.PREEMPTED
-            break
-    return outcome
+        guard = LossGuard()
+        step, outcome = start, ExitCode.OK
+        self.begin(start)
+        while step < cfg.steps:
+            fault = self.fault_before(step + 1, backend)
+            features = IN_FEATURES + (fault is not None and fault.kind is FaultKind.SHAPE)
+            batch = make_batch(cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size,
+                               features)
+            if fault is not None and fault.kind is FaultKind.NAN:
+                batch.x[0, 0] = float("nan")  # the real loss of this step becomes NaN
+            loss = float(train_step(tf.constant(batch.x), tf.constant(batch.y)))
+            step += 1
+            step_var.assign(step)
+            self.context = replace(self.context, step=step)
+            # Saves are synchronous here, so the last committed step is already in the context.
+            guard.check(step, loss)
+            if cfg.step_time:
+                time.sleep(cfg.step_time)
+            stopping = self.stop_requested.is_set()
+            self.log_progress(step, loss, stopping)
+            due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or stopping
+            if saver is not None and due_to_save and (gate is None or gate.authorize(step)):
+                saver.save(checkpoint_number=step)
+                self.context = replace(self.context, checkpoint_step=step)
+                log.info("saving step %d", step)
+            self.publish(heartbeat, step, loss)
+            if stopping:
+                outcome = ExitCode.PREEMPTED
+                break
+        if heartbeat is not None:
+            heartbeat.stop()
+        log.info("checkpoint step %s committed", self.context.checkpoint_step)
+        return outcome

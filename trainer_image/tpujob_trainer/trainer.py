@@ -12,41 +12,24 @@ they all save that step, wait for the save to commit, and return PREEMPTED.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import threading
 import time
 from dataclasses import replace
-from types import FrameType
 
 import numpy as np
 
 from tpujob_trainer import model, runtime
-from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.data import SEQUENCE_LENGTH, make_sequence_batch
-from tpujob_trainer.failures import FailureContext
-from tpujob_trainer.faults import FaultKind, due
-from tpujob_trainer.heartbeat import Progress
-from tpujob_trainer.inject import inject
+from tpujob_trainer.faults import FaultKind
 from tpujob_trainer.loss_guard import LossGuard, NonFiniteLossError
 from tpujob_trainer.rollback import data_index
 
 log = logging.getLogger("tpujob_trainer")
 
 
-class Trainer:
+class Trainer(runtime.Loop):
     """One process's part of a training job. Not reusable: build one per run."""
-
-    def __init__(self, config: TrainerConfig) -> None:
-        self.config = config
-        self.context = FailureContext(worker=config.process_id)
-        self._stop_requested = threading.Event()
-
-    def _on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
-        # Only async-signal-safe work here; the loop does the rest at the next step.
-        self._stop_requested.set()
-        os.write(2, f"tpujob-trainer: received signal {signum}, saving and stopping\n".encode())
 
     def run(self) -> ExitCode:
         """Train to `config.steps`; OK, or PREEMPTED after a SIGTERM and a committed save."""
@@ -55,7 +38,7 @@ class Trainer:
         cfg = self.config
         runtime.join(cfg)
         # Installed after jax.distributed.initialize, which registers its own SIGTERM notifier.
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGTERM, self.on_sigterm)
         backend = runtime.preflight(cfg)
         self.context = replace(self.context, backend=backend)
         mesh = model.make_mesh()
@@ -78,13 +61,10 @@ class Trainer:
         local_rows = cfg.batch_size // cfg.num_processes
         first_row = cfg.process_id * local_rows
         local_devices = len(jax.local_devices())
-        window_start, window_steps, rate = time.monotonic(), 0, 0.0
         step, outcome = start, ExitCode.OK
-        log.info("training steps %d..%d, global batch %d", start + 1, cfg.steps, cfg.batch_size)
+        self.begin(start)
         while step < cfg.steps:
-            fault = due(cfg.faults, step=step + 1, worker=cfg.process_id, attempt=cfg.attempt)
-            if fault is not None:
-                inject(fault, step + 1, backend)
+            fault = self.fault_before(step + 1, backend)
             # The shape fault feeds sequences one token longer than the model was built for.
             length = SEQUENCE_LENGTH + (fault is not None and fault.kind is FaultKind.SHAPE)
             batch = make_sequence_batch(cfg.seed, data_index(step + 1, cfg.skip_windows),
@@ -92,7 +72,7 @@ class Trainer:
             if fault is not None and fault.kind is FaultKind.NAN:
                 batch.mask[0, 0] = np.nan  # the real loss of this step becomes NaN
             rows = slice(first_row, first_row + local_rows)
-            stop_flags = np.full((local_devices,), int(self._stop_requested.is_set()), np.int32)
+            stop_flags = np.full((local_devices,), int(self.stop_requested.is_set()), np.int32)
             state, loss, stop = train_step(
                 state,
                 model.shard_global(mesh, batch.tokens[rows], cfg.batch_size),
@@ -114,13 +94,8 @@ class Trainer:
                 raise
             if cfg.step_time:
                 time.sleep(cfg.step_time)
-            window_steps += 1
-            elapsed = time.monotonic() - window_start
             stopping = bool(model.local_value(stop))
-            if step % cfg.log_every == 0 or step == cfg.steps or stopping:
-                rate = window_steps / elapsed if elapsed > 0 else 0.0
-                log.info("step %d/%d loss=%.8f steps_per_s=%.2f", step, cfg.steps, loss_value, rate)
-                window_start, window_steps = time.monotonic(), 0
+            self.log_progress(step, loss_value, stopping)
             due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or stopping
             if checkpoints and due_to_save and checkpoints.save(step, state):
                 log.info("saving step %d state_digest=%s", step, model.digest(state))
@@ -128,9 +103,7 @@ class Trainer:
                 committed = checkpoints.committed_step()
                 if committed is not None:
                     self.context = replace(self.context, checkpoint_step=committed)
-            if heartbeat is not None:
-                heartbeat.progress(Progress(step, cfg.steps, loss_value, rate,
-                                            self.context.checkpoint_step, cfg.attempt))
+            self.publish(heartbeat, step, loss_value)
             if stopping:
                 outcome = ExitCode.PREEMPTED
                 break

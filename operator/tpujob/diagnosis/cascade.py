@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from tpujob.diagnosis import facts as f
-from tpujob.diagnosis.engine import diagnose_worker, worker_label
+from tpujob.diagnosis.engine import admitted, diagnose_worker, worker_label
 from tpujob.diagnosis.model import (
     DEFAULT_ACTIONS,
     ChainLink,
@@ -159,6 +159,8 @@ def diagnose_job(
     if not job.workers:
         alone = _without_workers(job.heartbeat, user_rules, table)
         return apply_history(alone, history, unknown_retry_limit=unknown_retry_limit)
+    # Admitted once here: the summary and the root's node name below come from these too.
+    job = dataclasses.replace(job, workers=tuple(admitted(w) for w in job.workers))
     diagnoses = [diagnose_worker(w, user_rules=user_rules, table=table) for w in job.workers]
     root_at = pick_root(job.workers, diagnoses)
     root_worker, root = job.workers[root_at], diagnoses[root_at]

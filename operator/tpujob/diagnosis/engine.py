@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from tpujob import contract
@@ -105,10 +105,20 @@ class _Texts:
         return Evidence(Source.CONTEXT, matched_line(self.context, found)) if found else None
 
 
+def admitted(worker: f.WorkerFacts) -> f.WorkerFacts:
+    """The gate for text from outside: the log cut to the tail the engine reads, then every
+    string made encodable (`facts.encodable`), so no rule, hash or status write meets a lone
+    surrogate. Cutting first keeps the cost flat whatever the log's size; idempotent."""
+    if len(worker.log_tail) > MAX_LOG_CHARS:
+        worker = replace(worker, log_tail=worker.log_tail[-MAX_LOG_CHARS:])
+    return f.encodable_facts(worker)
+
+
 def _texts(worker: f.WorkerFacts, table: RuleTable) -> _Texts:
-    trainer = contract.parse_termination_message(worker.message)
+    # The trainer's JSON can spell a lone surrogate as an escape: its fields pass the gate too.
+    trainer = f.encodable_facts(contract.parse_termination_message(worker.message))
     message = f"{trainer.summary}\n{trainer.traceback}" if trainer else worker.message
-    return _Texts(message, worker.log_tail[-MAX_LOG_CHARS:], worker.context, trainer, table)
+    return _Texts(message, worker.log_tail, worker.context, trainer, table)
 
 
 def node_signals(worker: f.WorkerFacts) -> dict[NodeSignal, str]:
@@ -369,6 +379,7 @@ def diagnose_worker(
     `model` is the learned fallback: the packaged one by default, another (a fold's, in
     cross-validation) or None for rules only.
     """
+    worker = admitted(worker)
     rule_table = table if table is not None else default_rule_table()
     text_model = packaged_model() if model == "packaged" else model
     texts = _texts(worker, rule_table)

@@ -7,9 +7,13 @@ them (termination reasons, DisruptionTarget reasons, taint keys) so the copying 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, TypeVar
+
+_Facts = TypeVar("_Facts")
 
 # Kubernetes spellings the engine compares against.
 DISRUPTION_PREEMPTION = "PreemptionByScheduler"
@@ -114,3 +118,48 @@ class JobFacts:
 
     workers: tuple[WorkerFacts, ...] = ()
     heartbeat: HeartbeatFacts | None = None
+
+
+def encodable(text: str) -> str:
+    """`text` with every code point UTF-8 cannot encode replaced by U+FFFD.
+
+    Those are lone surrogates: a JSON `\\ud800` escape (a termination message, a corpus
+    line) or bytes decoded with `surrogateescape` carry them into a `str`, and RE2, the
+    hashes and the status all encode to UTF-8. A well-formed pair of surrogates is joined
+    into its character, not replaced.
+    """
+    if text.isascii():  # O(1) in CPython: the common case costs nothing
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _encodable(value: Any) -> Any:
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, tuple):
+        cleaned = tuple(_encodable(v) for v in value)
+        return value if all(a is b for a, b in zip(cleaned, value, strict=True)) else cleaned
+    if isinstance(value, Mapping):
+        pairs = {_encodable(k): _encodable(v) for k, v in value.items()}
+        same = all(k in value and value[k] is v for k, v in pairs.items())
+        return value if same and len(pairs) == len(value) else pairs
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for f in dataclasses.fields(value):
+            old = getattr(value, f.name)
+            new = _encodable(old)
+            if new is not old:
+                changes[f.name] = new
+        return dataclasses.replace(value, **changes) if changes else value
+    return value
+
+
+def encodable_facts(facts: _Facts) -> _Facts:
+    """`facts` (a frozen facts value) with every string in it, nested ones included, made
+    `encodable`; the same object when none needed it. The gate for text from outside."""
+    cleaned: _Facts = _encodable(facts)
+    return cleaned

@@ -77,6 +77,10 @@ def compile_linear(pattern: str, *, where: str, ignore_case: bool = True) -> Reg
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
         raise UnsafePatternError(where, pattern, str(reason)) from error
+    except UnicodeEncodeError as error:  # a lone surrogate: RE2 reads UTF-8
+        raise UnsafePatternError(
+            where, pattern, f"not encodable as UTF-8: {error.reason}"
+        ) from error
     return regex
 
 
