@@ -38,10 +38,10 @@ from tpujob.diagnosis.rules import (
     RuleTable,
     UserRule,
     Verdict,
-    compile_pattern,
     default_rule_table,
     first_line_match,
     matched_line,
+    user_pattern,
 )
 from tpujob.diagnosis.textmodel import TextModel, model_input, packaged_model
 from tpujob.diagnosis.unknown import MODEL_FLOOR, model_verdict
@@ -212,7 +212,7 @@ def _user_hit(rules: Sequence[UserRule], worker: f.WorkerFacts, texts: _Texts) -
             continue
         detail = _exit_text(worker)
         if rule.message_regex:
-            evidence = texts.search([compile_pattern(rule.message_regex, rule.name)])
+            evidence = texts.search([user_pattern(rule.message_regex, rule.name)])
             if evidence is None:
                 continue
             detail = evidence.detail

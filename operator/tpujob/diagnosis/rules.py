@@ -178,6 +178,27 @@ def compile_pattern(pattern: str, where: str) -> Pattern:
     return Pattern(regex, required_literals(pattern))
 
 
+# Distinct user patterns kept compiled, least recently used dropped first. A cluster's jobs
+# share a few rule sets; the bound keeps a stream of jobs with ever-new patterns from growing
+# the operator's memory.
+USER_PATTERNS_KEPT = 256
+
+
+@functools.lru_cache(maxsize=USER_PATTERNS_KEPT)
+def _compiled_user_pattern(pattern: str) -> Pattern:
+    return Pattern(compile_linear(pattern, where="user rule"), required_literals(pattern))
+
+
+def user_pattern(pattern: str, where: str) -> Pattern:
+    """A job's rule pattern, compiled once per process and kept (keyed by its text alone, so
+    rules of many jobs that share a pattern share one compilation). A refused pattern is not
+    kept: each use raises `RuleTableError` naming its own `where`."""
+    try:
+        return _compiled_user_pattern(pattern)
+    except UnsafePatternError as error:
+        raise RuleTableError(str(UnsafePatternError(where, pattern, error.reason))) from error
+
+
 def _verdict(entry: Mapping[str, Any], where: str) -> Verdict:
     try:
         return Verdict(
