@@ -1,8 +1,10 @@
 """One reconcile of one job: observe -> plan -> write status once -> act -> tell.
 
-The async shell around the pure planner. Client calls are blocking, so they run in worker
-threads; the status is written before any effect, and Events and metrics only after the status
-write succeeded (a failed write leaves nothing half-told).
+The async shell around the pure planner. Reads come from the watch-fed cache (`Deps.view`)
+in the event loop; client calls are blocking, so they and the planning run in worker threads;
+the status is written before any effect, and Events and metrics only after the status write
+succeeded (a failed write leaves nothing half-told). A status that differs only in progress
+numbers is written at most once per `progress_interval_seconds`.
 """
 
 from __future__ import annotations
@@ -10,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from tpujob.api import (
     Condition,
@@ -22,19 +23,20 @@ from tpujob.api import (
     ConditionType,
     InvalidJobError,
     Phase,
-    TPUTrainingJobStatus,
     parse_status,
     status_patch,
 )
-from tpujob.gcp.client import CatalogueSource
-from tpujob.kube.apply import Writer
+from tpujob.deps import Deps
+from tpujob.kube.cache import newer
 from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
-from tpujob.kube.observe import Reader, observe
-from tpujob.metrics import Metrics
+from tpujob.kube.observe import ClusterReads, observe, tails_to_read, with_tails
 from tpujob.node_health import track_tpu_shortfall
 from tpujob.observed import Observed
-from tpujob.plan import EventSpec, Plan, PlannerSettings
+from tpujob.plan import EventSpec, Plan
 from tpujob.planning import plan
+from tpujob.wakeups import JobKey, Shape
+
+__all__ = ["Deps", "reconcile", "refresh_catalogue"]
 
 log = logging.getLogger("tpujob.controller")
 INVALID_SPEC_RETRY_SECONDS = 300.0
@@ -42,78 +44,10 @@ INVALID_SPEC_RETRY_SECONDS = 300.0
 # and each retry is one create call.
 REFUSED_RETRY_SECONDS = 10.0
 SLOW_PLAN_RETRY_SECONDS = 60.0
-API_THREADS = 16
-T = TypeVar("T")
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-@dataclass
-class Deps:
-    """What the handlers share (kopf's memo); copying returns the same object."""
-
-    reader: Reader
-    writer: Writer
-    metrics: Metrics = field(default_factory=Metrics)
-    settings: PlannerSettings = field(default_factory=PlannerSettings)
-    clock: Callable[[], dt.datetime] = utc_now
-    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    # Since when each node's allocatable TPUs have been below capacity: the Node object keeps
-    # no such time, so the operator remembers it (a restart only restarts the grace).
-    tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
-    # Jobs whose last reconcile found them finished: node events no longer wake them.
-    finished: set[tuple[str, str]] = field(default_factory=set)
-    # The placement authority: pool -> the job that holds it, taken under `placement_lock`
-    # in the same step as the plan that chose it, so two jobs planned at once never pick one
-    # pool. Rebuilt after a restart from each job's recorded placement (and, meanwhile, the
-    # pods that exist mark their pools busy).
-    pool_claims: dict[str, tuple[str, str]] = field(default_factory=dict)
-    placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Blocking client calls and planning run here, not in the loop's default executor (six
-    # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
-    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=API_THREADS, thread_name_prefix="tpujob"))
-    # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
-    # guard against the unforeseen, and the loop stays free meanwhile.
-    plan_budget_seconds: float = 10.0
-    # The optional Cloud TPU zone catalogue (advice only); refreshed by `refresh_catalogue`.
-    catalogue: CatalogueSource | None = None
-    catalogue_refresh_seconds: float = 6 * 3600.0
-    background: list[asyncio.Task[None]] = field(default_factory=list)  # kept, not collected
-
-    def claim(self, key: tuple[str, str], status: TPUTrainingJobStatus | None) -> None:
-        """Record the pools `key`'s status holds (none once it finished or is gone)."""
-        for pool in [p for p, owner in self.pool_claims.items() if owner == key]:
-            del self.pool_claims[pool]
-        if status is None or status.phase in (Phase.SUCCEEDED, Phase.FAILED):
-            return
-        for slot in status.current_attempt.placement:
-            self.pool_claims.setdefault(slot.node_pool, key)
-
-    def claimed_by_others(self, key: tuple[str, str]) -> frozenset[str]:
-        return frozenset(p for p, owner in self.pool_claims.items() if owner != key)
-
-    def __copy__(self) -> Deps:
-        return self
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking call in the operator's executor."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    def waker(self, namespace: str, name: str) -> asyncio.Event:
-        return self.wakers.setdefault((namespace, name), asyncio.Event())
-
-    def wake(self, namespace: str, name: str) -> None:
-        if (event := self.wakers.get((namespace, name))) is not None:
-            event.set()
-
-    def wake_all(self) -> None:
-        """Wake every job that may care about a cluster-wide change (finished jobs do not)."""
-        for key, event in self.wakers.items():
-            if key not in self.finished:
-                event.set()
+# A failed container's log does not change: its tail is read once and kept (by pod uid).
+TAIL_CACHE_SIZE = 2048
+# Status fields that follow the heartbeat; a change to these alone may wait.
+PROGRESS_FIELDS = ("progress", "goodput")
 
 
 async def refresh_catalogue(deps: Deps) -> None:
@@ -129,25 +63,35 @@ async def refresh_catalogue(deps: Deps) -> None:
 
 async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     """Reconcile once; returns seconds until the next reconcile, None when the job is gone."""
-    body = await deps.run(deps.reader.job_body, namespace, name)
+    started = time.perf_counter()
+    try:
+        return await _reconcile(deps, namespace, name)
+    finally:
+        deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+
+async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
+    key = (namespace, name)
+    reads: ClusterReads = deps.view if deps.view is not None else deps.reader
+    cached = await deps.read(reads, reads.job_body, namespace, name)
+    body = _fresher(deps, key, cached)
     if body is None:
-        deps.metrics.forget_job(namespace, name)
-        deps.finished.discard((namespace, name))
-        deps.claim((namespace, name), None)
+        _let_go(deps, key, deps.claim(key, None))
+        deps.forget(key)
         return None
     try:
-        observed = await deps.run(observe, deps.reader, body)
+        observed = await deps.read(reads, observe, reads, body)
     except InvalidJobError as err:
         await _report_invalid(deps, body, err)
         return INVALID_SPEC_RETRY_SECONDS
+    observed = with_tails(observed, await _tails(deps, namespace, tails_to_read(observed)))
     now = deps.clock()
     deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since, observed.nodes.values(),
                                                now=now)
-    key = (namespace, name)
     async with deps.placement_lock:
         deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
         observed = replace(observed, tpu_short_since=deps.tpu_short_since,
-                       catalogue=deps.catalogue.catalogue if deps.catalogue else None,
+                           catalogue=deps.catalogue.catalogue if deps.catalogue else None,
                            busy_pools=observed.busy_pools | deps.claimed_by_others(key))
         try:
             result = await asyncio.wait_for(
@@ -155,22 +99,90 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
                 timeout=deps.plan_budget_seconds)
         except TimeoutError:
             return await _report_slow_plan(deps, body, observed)
-        deps.claim(key, result.status)
-    new_status = status_patch(result.status)
-    written = body
-    if new_status != status_patch(parse_status(body.get("status"))):
-        written = await deps.run(deps.writer.write_status, body, new_status)
+        released = deps.claim(key, result.status)
+    written = await _write_status(deps, key, body, result, now)
     try:
         await deps.run(_act, deps, body, result)
     except PodsRefusedError as err:
         _tell(deps, namespace, name, result)
         return await _report_refused(deps, written, err)
     _tell(deps, namespace, name, result)
-    if result.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
-        deps.finished.add((namespace, name))
-    else:
-        deps.finished.discard((namespace, name))
+    _let_go(deps, key, released, observed.job.spec.tpu.accelerator,
+            observed.job.spec.tpu.topology)
+    deps.wakes.settled(key, finished=result.status.phase in (Phase.SUCCEEDED, Phase.FAILED),
+                       waiting_for=_waiting_for(result, observed))
     return result.requeue_after
+
+
+def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cache's body, or the one this operator last wrote when the watch is behind."""
+    if cached is None:
+        return None  # deleted: what was written before no longer matters
+    mine = deps.written.get(key)
+    best = newer(cached, mine)
+    if best is cached:
+        deps.written.pop(key, None)
+    return dict(best) if best is not None else None
+
+
+async def _write_status(deps: Deps, key: JobKey, body: dict[str, Any], result: Plan,
+                        now: dt.datetime) -> dict[str, Any]:
+    """Write the new status unless nothing changed, or only progress changed too recently."""
+    new_status = status_patch(result.status)
+    old_status = status_patch(parse_status(body.get("status")))
+    if new_status == old_status:
+        return body
+    if _progress_only(old_status, new_status) and not _has_effects(result):
+        last = deps.progress_written.get(key)
+        if last is not None and (now - last).total_seconds() < \
+                deps.wakes.progress_interval_seconds:
+            return body
+    written = await deps.run(deps.writer.write_status, body, new_status)
+    deps.written[key] = written
+    deps.progress_written[key] = now
+    return written
+
+
+def _progress_only(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    def rest(status: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in status.items() if k not in PROGRESS_FIELDS}
+    return rest(old) == rest(new)
+
+
+def _has_effects(result: Plan) -> bool:
+    return bool(result.create or result.delete_pods or result.mark_nodes or result.events or
+                result.delete_job or result.fence_attempt is not None)
+
+
+def _waiting_for(result: Plan, observed: Observed) -> Shape | None:
+    running = result.status.condition(ConditionType.RUNNING)
+    if running is None or running.reason != "WaitingForPool" or \
+            result.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return None
+    return (observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
+
+
+def _let_go(deps: Deps, key: JobKey, pools: list[str], accelerator: str | None = None,
+            topology: str | None = None) -> None:
+    """Pools a job no longer claims: wake a waiting job for each that no pod still holds."""
+    view = deps.view
+    if not pools or view is None or accelerator is None or topology is None:
+        return
+    free = [p for p in pools if not view.pool_holders(p)]
+    if free:
+        deps.wakes.pool_freed((accelerator, topology), at=time.monotonic(), count=len(free))
+
+
+async def _tails(deps: Deps, namespace: str,
+                 pods: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Log tails of failed pods, each read once: a failed container's log does not change
+    (kept by pod uid, so a job re-applied under its old name never gets an old tail)."""
+    missing = [(name, uid) for name, uid in pods if uid not in deps.log_tails]
+    for name, uid in missing:
+        deps.log_tails[uid] = await deps.run(deps.reader.log_tail, namespace, name)
+    while len(deps.log_tails) > TAIL_CACHE_SIZE:
+        deps.log_tails.popitem(last=False)
+    return [(name, deps.log_tails.get(uid, "")) for name, uid in pods]
 
 
 class PodsRefusedError(Exception):
@@ -184,8 +196,13 @@ class PodsRefusedError(Exception):
 
 def _create_all(deps: Deps, objects: tuple[dict[str, Any], ...]) -> None:
     for obj in objects:
+        meta = obj["metadata"]
+        what = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+        if deps.recent.fresh(what):
+            continue  # created moments ago; the watch has not shown it yet
         try:
             deps.writer.create(obj)
+            deps.recent.note(what)
         except (ForbiddenError, InvalidError) as err:
             raise PodsRefusedError(obj["metadata"]["name"], err) from err
         except KubeError as err:
@@ -222,7 +239,10 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
         deps.writer.delete_pod(namespace, deletion)
     if result.fence_attempt is not None:
         lease = next(o for o in result.create if o["kind"] == "Lease")
-        deps.writer.fence(lease, result.fence_attempt)
+        fenced = f"fence/{namespace}/{lease['metadata']['name']}/{result.fence_attempt}"
+        if not deps.recent.fresh(fenced):
+            deps.writer.fence(lease, result.fence_attempt)
+            deps.recent.note(fenced)
     _create_all(deps, result.create)
     for mark in result.mark_nodes:
         deps.writer.mark_node(mark, name)

@@ -1,9 +1,11 @@
-"""The only module with kopf decorators: one daemon per job, woken by what changes around it.
+"""The only module with kopf decorators: one daemon per job, woken by what concerns it.
 
 A job's daemon reconciles it in a loop, so reconciles of one job never overlap; it sleeps until
-the planner's requeue time or until an event about the job's pods, its heartbeat Lease or any
-node wakes it. Errors are translated here (`retry_delay`): a ConflictError means "redo soon on
-fresh data", an unreachable apiserver is retried in about a second, anything else backs off.
+the planner's requeue time or until an event wakes it (`tpujob.wakeups` decides whom an event
+concerns). The watches also feed kopf indexes (`tpujob.kube.cache`), from which reconciles read
+instead of asking the API; kopf starts no handler before every index has had its first
+listing. Errors are translated here (`retry_delay`): a ConflictError means "redo soon on fresh
+data", an unreachable apiserver is retried in about a second, anything else backs off.
 `register` applies the decorators to a registry it is given, so importing this module has no
 side effects.
 """
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +25,9 @@ import kopf
 from tpujob import labels
 from tpujob.api import GROUP, PLURAL, VERSION
 from tpujob.controller import Deps, reconcile, refresh_catalogue
+from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
+from tpujob.observed import heartbeat_view, node_view
 
 ERROR_RETRY_SECONDS = 2.0
 MAX_ERROR_RETRY_SECONDS = 60.0
@@ -59,6 +64,17 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if memo.catalogue is not None:
             memo.background.append(asyncio.create_task(refresh_catalogue(memo)))
 
+    _register_indexes(registry)
+
+    @kopf.on.startup(registry=registry)
+    def attach_cache(memo: Any, **indexes: Any) -> None:
+        """kopf hands every handler the indexes as keyword arguments named after them."""
+        assert isinstance(memo, Deps)
+        memo.view = cache.CachedView(
+            jobs=indexes["tpujob_jobs"], pods=indexes["tpujob_pods"],
+            pools=indexes["tpujob_pools"], nodes=indexes["tpujob_nodes"],
+            heartbeats=indexes["tpujob_heartbeats"], node_pods=indexes["tpujob_node_pods"])
+
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_via_client(**kwargs)
@@ -67,10 +83,14 @@ def register(registry: kopf.OperatorRegistry) -> None:
     async def run_job(*, name: str, namespace: str | None, stopped: kopf.DaemonStopped,
                       memo: Any, logger: kopf.Logger, **_: Any) -> None:
         assert isinstance(memo, Deps) and namespace is not None
-        wake = memo.waker(namespace, name)
+        key = (namespace, name)
+        wake = memo.wakes.waker(key)
         try:
             failures = 0
             while not stopped:
+                woken = memo.wakes.woken_at.pop(key, None)
+                if wake.is_set() and woken is not None:
+                    memo.metrics.wake_seconds.observe(time.monotonic() - woken)
                 wake.clear()
                 try:
                     delay = await reconcile(memo, namespace, name)
@@ -88,22 +108,87 @@ def register(registry: kopf.OperatorRegistry) -> None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), timeout=delay)
         finally:
-            memo.wakers.pop((namespace, name), None)
+            memo.wakes.forget(key)
 
     @kopf.on.event("", "v1", "pods", labels={labels.JOB: kopf.PRESENT}, registry=registry)
     async def pod_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
-                          **_: Any) -> None:
-        memo.wake(namespace, labels[_JOB_LABEL])
+                          body: kopf.Body, type: str | None, **_: Any) -> None:
+        assert isinstance(memo, Deps)
+        now = time.monotonic()
+        memo.wakes.wake((namespace or "", labels[_JOB_LABEL]), at=now)
+        # A pod that ended or went may free its pool for a job waiting for that shape.
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        selector = spec.get("nodeSelector") or {}
+        pool = selector.get(_POOL_LABEL)
+        ended = type == "DELETED" or status.get("phase") in ("Succeeded", "Failed")
+        if ended and pool and memo.view is not None and not memo.view.pool_holders(pool) \
+                and pool not in memo.pool_claims:
+            shape = (selector.get(_ACCELERATOR_LABEL), selector.get(_TOPOLOGY_LABEL))
+            if shape[0] and shape[1]:
+                memo.wakes.pool_freed((str(shape[0]), str(shape[1])), at=now)
 
     @kopf.on.event("coordination.k8s.io", "v1", "leases", labels={labels.JOB: kopf.PRESENT},
                    registry=registry)
     async def heartbeat(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
-                        **_: Any) -> None:
-        memo.wake(namespace, labels[_JOB_LABEL])
+                        body: kopf.Body, **_: Any) -> None:
+        assert isinstance(memo, Deps)
+        key = (namespace or "", labels[_JOB_LABEL])
+        beat = heartbeat_view(body)
+        if beat is not None and memo.wakes.heartbeat(key, beat, now=memo.clock()):
+            memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_changed(*, memo: Any, **_: Any) -> None:
-        memo.wake_all()
+    async def node_changed(*, name: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+        """Wake the jobs with pods on this node or a placement on its pool; a healthy node
+        of a pool nobody holds may also let a waiting job in."""
+        assert isinstance(memo, Deps)
+        if memo.view is None:
+            return
+        now = time.monotonic()
+        view = node_view(body)
+        concerned = set(memo.view.jobs_on_node(name or ""))
+        holder = memo.pool_claims.get(view.pool or "")
+        if holder is not None:
+            concerned.add(holder)
+        memo.wakes.wake_live(concerned, at=now)
+        if view.pool and holder is None and view.accelerator and view.topology and \
+                view.healthy_for(frozenset()) and not memo.view.pool_holders(view.pool):
+            memo.wakes.pool_freed((view.accelerator, view.topology), at=now)
+
+
+def _register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """The watch-fed cache: each index maps a key to the parsed records of the objects under
+    it (see `tpujob.kube.cache`); handlers receive each as a keyword argument named by its id."""
+    job_pods = {labels.JOB: kopf.PRESENT}
+
+    @kopf.index(GROUP, VERSION, PLURAL, id="tpujob_jobs", registry=registry)
+    def tpujob_jobs(body: kopf.Body, **_: Any) -> Any:
+        return cache.job_record(body)
+
+    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_pods", registry=registry)
+    def tpujob_pods(body: kopf.Body, **_: Any) -> Any:
+        return cache.pod_by_job(body)
+
+    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_pools", registry=registry)
+    def tpujob_pools(body: kopf.Body, **_: Any) -> Any:
+        return cache.pod_by_pool(body)
+
+    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_node_pods",
+                registry=registry)
+    def tpujob_node_pods(body: kopf.Body, **_: Any) -> Any:
+        return cache.pod_by_node(body)
+
+    @kopf.index("", "v1", "nodes", id="tpujob_nodes", registry=registry)
+    def tpujob_nodes(body: kopf.Body, **_: Any) -> Any:
+        return cache.node_record(body)
+
+    @kopf.index("coordination.k8s.io", "v1", "leases", labels=job_pods,
+                id="tpujob_heartbeats", registry=registry)
+    def tpujob_heartbeats(body: kopf.Body, **_: Any) -> Any:
+        return cache.lease_record(body)
 
 
 _JOB_LABEL = labels.JOB
+_POOL_LABEL = labels.NODEPOOL
+_ACCELERATOR_LABEL = labels.ACCELERATOR
+_TOPOLOGY_LABEL = labels.TOPOLOGY

@@ -8,11 +8,12 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from tpujob.api import Phase
 
 RECOVERY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 @dataclass
@@ -34,6 +35,18 @@ class Metrics:
         self.budget_left = Gauge("tpujob_failed_node_budget_remaining",
                                  "Nodes that may still fail before the job fails.",
                                  ["namespace", "job"], registry=r)
+        self.reconcile_seconds = Histogram(
+            "tpujob_reconcile_duration_seconds", "One reconcile of one job, reads to Events.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.wake_seconds = Histogram(
+            "tpujob_wake_to_start_seconds",
+            "From an event waking a job to its reconcile starting.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.api_requests = Counter("tpujob_api_requests",
+                                    "Requests the operator's client sent, by HTTP verb.",
+                                    ["verb"], registry=r)
+        # process_cpu_seconds_total, process_resident_memory_bytes, open fds (Linux).
+        ProcessCollector(registry=r)
         self._phases: dict[tuple[str, str], str] = {}
 
     def record_job(self, namespace: str, job: str, phase: Phase | None,
@@ -57,6 +70,9 @@ class Metrics:
         self.failures.labels(**{"class": failure_class, "code": code}).inc()
         if restarted:
             self.restarts.labels(**{"class": failure_class}).inc()
+
+    def record_request(self, verb: str) -> None:
+        self.api_requests.labels(verb=verb.upper()).inc()
 
     def record_recovery(self, seconds: float) -> None:
         self.recovery.observe(seconds)

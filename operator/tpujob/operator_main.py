@@ -61,6 +61,11 @@ def register(subparsers: Any) -> None:
                    default=DEFAULT_HEALTH.tpu_shortfall_grace_seconds,
                    help="seconds allocatable google.com/tpu stays below capacity before the "
                         "node's TPUs count as failed (a device plugin restart recovers within it)")
+    p.add_argument("--progress-interval", type=float, default=15.0,
+                   help="seconds between status writes that would only update a running "
+                        "job's progress (its heartbeat wakes the job no more often)")
+    p.add_argument("--poll", type=float, default=5.0,
+                   help="seconds between reconciles of a running job that no event woke")
     p.add_argument("--plan-budget", type=float, default=10.0,
                    help="seconds one job's planning (its diagnosis included) may take")
     p.add_argument("--gcp-project", default=None,
@@ -89,17 +94,24 @@ def run(args: argparse.Namespace) -> int:
     from tpujob.kube.apply import Writer
     from tpujob.kube.client import api_client
     from tpujob.kube.observe import Reader
+    from tpujob.metrics import Metrics
+    from tpujob.wakeups import WakeBook
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api = api_client(args.kubeconfig)
-    deps = Deps(reader=Reader(api), writer=Writer(api), settings=PlannerSettings(
+    metrics = Metrics()
+    api = api_client(args.kubeconfig, on_request=metrics.record_request)
+    settings = PlannerSettings(
+        poll_seconds=args.poll,
         force_delete_after_seconds=args.force_delete_after,
         restart_grace_seconds=args.restart_grace,
         collective_timeout_seconds=args.collective_timeout,
         node_health=NodeHealthSettings(
             not_ready_grace_seconds=args.node_not_ready_grace,
-            tpu_shortfall_grace_seconds=args.tpu_shortfall_grace)),
+            tpu_shortfall_grace_seconds=args.tpu_shortfall_grace))
+    deps = Deps(
+        reader=Reader(api), writer=Writer(api), metrics=metrics, settings=settings,
+        wakes=WakeBook(progress_interval_seconds=args.progress_interval),
         plan_budget_seconds=args.plan_budget,
         catalogue_refresh_seconds=args.gcp_refresh_hours * 3600)
     if args.gcp_project and args.gcp_zones:

@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 from kubernetes import client, config
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In a pod: the ServiceAccount; otherwise `kubeconfig` or $KUBECONFIG."""
+def api_client(kubeconfig: str | None = None,
+               on_request: Callable[[str], None] | None = None) -> client.ApiClient:
+    """In a pod: the ServiceAccount; otherwise `kubeconfig` or $KUBECONFIG.
+
+    `on_request` is told the HTTP verb of every request sent (the operator counts them).
+    """
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and \
             not os.environ.get("KUBECONFIG"):
         config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config(config_file=kubeconfig)
+        api = client.ApiClient()
+    else:
+        api = config.new_client_from_config(config_file=kubeconfig)
+    if on_request is not None:
+        _count_requests(api, on_request)
+    return api
+
+
+def _count_requests(api: client.ApiClient, on_request: Callable[[str], None]) -> None:
+    rest = api.rest_client
+    send = rest.request
+
+    def counted(method: str, *args: Any, **kwargs: Any) -> Any:
+        on_request(method)
+        return send(method, *args, **kwargs)
+
+    rest.request = counted

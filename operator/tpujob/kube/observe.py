@@ -1,24 +1,51 @@
-"""Read one job's world: the job, its pods, the nodes, its heartbeat Lease, log tails."""
+"""Read one job's world: the job, its pods, the nodes, its heartbeat, log tails.
+
+Two sources answer the same reads (`ClusterReads`): the watch-fed `cache.CachedView` that the
+running operator uses, and `Reader`, which asks the API directly (one-off tools, and the only
+way to read a log tail). `observe` turns either into the planner's `Observed`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 
 from tpujob import labels, manifests
 from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, parse_job
+from tpujob.kube.cache import PodRecord, pod_by_pool, pod_record
 from tpujob.kube.errors import KubeError, NotFoundError, call
-from tpujob.observed import Observed, heartbeat_view, node_view, pod_view
+from tpujob.observed import Heartbeat, NodeView, Observed, heartbeat_view, node_view
 from tpujob.redact import redact
 
 LOG_TAIL_LINES = 80
 
 
+class ClusterReads(Protocol):
+    """What one reconcile reads; `in_memory` says whether reading blocks on the network."""
+
+    @property
+    def in_memory(self) -> bool: ...
+
+    def job_body(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def pod_records(self, namespace: str, job: str) -> list[PodRecord]: ...
+
+    def node_views(self) -> dict[str, NodeView]: ...
+
+    def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None: ...
+
+    def busy_pools(self, namespace: str, job: str) -> frozenset[str]: ...
+
+    def pool_holders(self, pool: str) -> frozenset[tuple[str, str]]: ...
+
+
 class Reader:
-    """Typed reads over one ApiClient."""
+    """Typed reads over one ApiClient, straight from the API."""
+
+    in_memory = False
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -36,34 +63,33 @@ class Reader:
         except NotFoundError:
             return None
 
-    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+    def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
         found = call(self.core.list_namespaced_pod, namespace,
                      label_selector=f"{labels.JOB}={job}")
-        return [self.raw(p) for p in found.items]
+        return [pod_record(self.raw(p)) for p in found.items]
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return [self.raw(n) for n in call(self.core.list_node).items]
+    def node_views(self) -> dict[str, NodeView]:
+        views = (node_view(self.raw(n)) for n in call(self.core.list_node).items)
+        return {view.name: view for view in views}
+
+    def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None:
+        try:
+            return heartbeat_view(self.raw(call(self.coordination.read_namespaced_lease, lease,
+                                                namespace)))
+        except NotFoundError:
+            return None
+
+    def _held(self) -> list[tuple[str, tuple[str, str]]]:
+        found = call(self.core.list_pod_for_all_namespaces, label_selector=labels.JOB)
+        return [(str(pool), key) for p in found.items
+                for pool, key in pod_by_pool(self.raw(p)).items()]
 
     def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
         """Node pools holding live pods of other TPU jobs."""
-        found = call(self.core.list_pod_for_all_namespaces, label_selector=labels.JOB)
-        busy = set()
-        for pod in found.items:
-            meta = pod.metadata
-            if (meta.namespace, (meta.labels or {}).get(labels.JOB)) == (namespace, job):
-                continue
-            if pod.status.phase in ("Succeeded", "Failed"):
-                continue
-            pool = (pod.spec.node_selector or {}).get(labels.NODEPOOL)
-            if pool:
-                busy.add(pool)
-        return frozenset(busy)
+        return frozenset(pool for pool, key in self._held() if key != (namespace, job))
 
-    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.raw(call(self.coordination.read_namespaced_lease, name, namespace))
-        except NotFoundError:
-            return None
+    def pool_holders(self, pool: str) -> frozenset[tuple[str, str]]:
+        return frozenset(key for held, key in self._held() if held == pool)
 
     def log_tail(self, namespace: str, pod: str) -> str:
         """The pod's last lines, secrets redacted: they are copied into the job's status and
@@ -86,22 +112,25 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     return bool(uid) and any(isinstance(r, Mapping) and r.get("uid") == uid for r in refs)
 
 
-def observe(reader: Reader, body: Mapping[str, Any]) -> Observed:
-    """Everything the planner needs for the job whose current body is `body`."""
+def observe(reads: ClusterReads, body: Mapping[str, Any]) -> Observed:
+    """Everything the planner needs for the job whose current body is `body`, but the log
+    tails (`tails_to_read` says which; reading them is network I/O)."""
     job: TPUTrainingJob = parse_job(body)
-    uid = (body.get("metadata") or {}).get("uid")
-    raw_pods = [p for p in reader.pods(job.namespace, job.name) if owned_by(p, uid)]
-    # Termination messages end up in the status and Events too (FallbackToLogsOnError).
-    pods = tuple(replace(view, message=redact(view.message))
-                 for view in (pod_view(p) for p in raw_pods))
-    tails = {}
-    for pod in pods:
-        # Only the current attempt's failures are diagnosed; fetch each tail once, here.
-        if pod.attempt == job.status.attempt and pod.failed:
-            tails[pod.name] = reader.log_tail(job.namespace, pod.name)
+    uid = str((body.get("metadata") or {}).get("uid") or "")
+    pods = tuple(sorted((r.view for r in reads.pod_records(job.namespace, job.name)
+                         if uid and uid in r.owners), key=lambda p: p.name))
     return Observed(
-        job=job, pods=pods,
-        nodes={n["metadata"]["name"]: node_view(n) for n in reader.nodes()},
-        heartbeat=heartbeat_view(reader.lease(job.namespace, manifests.lease_name(job))),
-        busy_pools=reader.busy_pools(job.namespace, job.name),
-        log_tails=tails)
+        job=job, pods=pods, nodes=reads.node_views(),
+        heartbeat=reads.heartbeat(job.namespace, manifests.lease_name(job)),
+        busy_pools=reads.busy_pools(job.namespace, job.name))
+
+
+def tails_to_read(observed: Observed) -> list[tuple[str, str]]:
+    """(name, uid) of the pods whose tails matter: only the current attempt's failures are
+    diagnosed."""
+    attempt = observed.job.status.attempt
+    return [(p.name, p.uid) for p in observed.pods if p.attempt == attempt and p.failed]
+
+
+def with_tails(observed: Observed, tails: Iterable[tuple[str, str]]) -> Observed:
+    return replace(observed, log_tails=dict(tails))

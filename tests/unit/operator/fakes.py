@@ -2,42 +2,53 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from tests.unit.operator.builders import cluster
 
+from tpujob.kube.cache import (
+    CachedView,
+    job_record,
+    lease_record,
+    node_record,
+    pod_by_job,
+    pod_by_pool,
+)
 from tpujob.kube.errors import KubeError
 from tpujob.plan import EventSpec, NodeMark, PodDeletion
 
 
-class FakeReader:
-    """The reads `observe` makes, over fixed objects."""
+class FakeReader(CachedView):
+    """The reads a reconcile makes, over fixed objects, through the cache's own record
+    functions (so what the indexes keep is what these tests plan on)."""
 
     def __init__(self, pods: list[dict[str, Any]], body: dict[str, Any] | None = None,
                  lease: dict[str, Any] | None = None,
                  nodes: list[dict[str, Any]] | None = None) -> None:
-        self._pods, self.body, self._lease = pods, body, lease
-        self._nodes = nodes if nodes is not None else cluster()
+        super().__init__(
+            jobs=index([job_record(body)] if body is not None else []),
+            pods=index(pod_by_job(p) for p in pods),
+            pools=index(pod_by_pool(p) for p in pods),
+            nodes=index(node_record(n) for n in (nodes if nodes is not None else cluster())),
+            heartbeats=index([lease_record(lease)] if lease is not None else []))
 
-    def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.body
-
-    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return self._pods
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return self._nodes
-
-    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._lease
-
-    def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
-        return frozenset()
+    def replace_body(self, body: dict[str, Any]) -> None:
+        """The job as the next watch event shows it."""
+        self.jobs.clear()  # type: ignore[attr-defined]
+        self.jobs.update(index([job_record(body)]))  # type: ignore[attr-defined]
 
     def log_tail(self, namespace: str, pod: str) -> str:
         return ""
 
 
+def index(records: Iterable[Mapping[Hashable, Any]]) -> dict[Hashable, list[Any]]:
+    """What a kopf index holds after listing these objects: key -> values."""
+    found: dict[Hashable, list[Any]] = {}
+    for record in records:
+        for key, value in record.items():
+            found.setdefault(key, []).append(value)
+    return found
 
 
 class RecordingWriter:
@@ -47,6 +58,8 @@ class RecordingWriter:
         self.calls: list[tuple[str, str]] = []
         self.fail = fail or {}
         self.statuses: list[dict[str, Any]] = []
+        # Return the written body with the next resourceVersion, as the apiserver does.
+        self.bump_version = False
 
     def _record(self, what: str, detail: str) -> None:
         self.calls.append((what, detail))
@@ -56,7 +69,10 @@ class RecordingWriter:
     def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         self._record("status", str(status.get("phase")))
         self.statuses.append(status)
-        return {**body, "status": status}
+        meta = dict(body["metadata"])
+        if self.bump_version:
+            meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
+        return {**body, "metadata": meta, "status": status}
 
     def fence(self, lease: dict[str, Any], attempt: int) -> None:
         self._record("fence", str(attempt))

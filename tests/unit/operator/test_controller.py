@@ -25,6 +25,7 @@ from tpujob.kube.errors import (
     KubeError,
     UnavailableError,
 )
+from tpujob.observed import heartbeat_view
 
 
 def run(reader: FakeReader, writer: RecordingWriter, deps: Deps | None = None,
@@ -170,15 +171,15 @@ def test_a_finished_job_sleeps_until_its_pods_change_and_node_events_skip_it() -
     writer = RecordingWriter()
     reader = FakeReader(pods, body=job)
     deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
-    running = deps.waker("team", "other")
-    finished = deps.waker("team", "train")
+    running = deps.wakes.waker(("team", "other"))
+    finished = deps.wakes.waker(("team", "train"))
     run(reader, writer, deps)  # the reconcile that finds it finished
-    reader.body = job_body(status=writer.statuses[-1])
+    reader.replace_body(job_body(status=writer.statuses[-1]))
     delay = run(reader, writer, deps)
     assert delay is not None and delay >= 3600
-    deps.wake_all()
+    deps.wakes.wake_live([("team", "other"), ("team", "train")], at=0.0)  # a node changed
     assert running.is_set() and not finished.is_set()
-    deps.wake("team", "train")  # its own pods still wake it
+    deps.wakes.wake(("team", "train"), at=0.0)  # its own pods still wake it
     assert finished.is_set()
 
 
@@ -238,3 +239,63 @@ def test_a_job_with_no_free_pool_is_told_which_zones_offer_its_shape() -> None:
     assert running["reason"] == "WaitingForPool"
     assert f"create a {name.type_name} pool in us-central2-b" in running["message"]
     assert "europe-west4-a" not in running["message"]
+
+
+def test_a_change_of_progress_alone_is_written_at_most_once_per_interval() -> None:
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+
+    def lease(step: int) -> dict[str, Any]:
+        return {"metadata": {"name": "train-heartbeat", "namespace": "team", "annotations": {
+            contract.HEARTBEAT_STEP: str(step), contract.HEARTBEAT_ATTEMPT: "1"}},
+            "spec": {"renewTime": "2026-01-01T12:00:19Z"}}
+
+    writer = RecordingWriter()
+    reader = FakeReader(pods, body=job, lease=lease(10))
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    run(reader, writer, deps, now=20)
+    assert writer.kinds().count("status") == 1
+    written = len(writer.statuses)
+    reader.replace_body(job_body(status=writer.statuses[-1]))
+    for now, step in ((25, 20), (30, 30)):
+        reader.heartbeats.clear()  # type: ignore[attr-defined]
+        reader.heartbeats.update({("team", "train-heartbeat"): [heartbeat_view(lease(step))]})  # type: ignore[attr-defined]
+        run(reader, writer, deps, now=now)
+    assert len(writer.statuses) == written  # 10 s after the last write: it waits
+    run(reader, writer, deps, now=40)
+    assert len(writer.statuses) == written + 1
+    assert writer.statuses[-1]["progress"]["step"] == 30
+
+
+def test_the_next_reconcile_plans_on_the_status_it_wrote_when_the_watch_is_behind() -> None:
+    writer = RecordingWriter()
+    reader = FakeReader([], body=launching_job())
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    writer.bump_version = True
+    run(reader, writer, deps)
+    assert writer.kinds().count("fence") == 1
+    # The cache still shows the body from before the launch; planning on it would launch the
+    # same attempt again. The body the write returned is newer, so it is used instead.
+    run(reader, writer, deps, now=21)
+    assert writer.kinds().count("status") == 1
+    # Nor are the pods it created moments ago created again while the watch catches up.
+    assert writer.kinds().count("fence") == 1
+    assert len([d for k, d in writer.calls if k == "create" and d.startswith("Pod/")]) == 2
+
+
+def test_a_failed_pods_tail_is_read_once() -> None:
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=137)]
+
+    class CountingReader(FakeReader):
+        reads = 0
+
+        def log_tail(self, namespace: str, pod: str) -> str:
+            CountingReader.reads += 1
+            return "killed"
+
+    reader = CountingReader(pods, body=job)
+    deps = Deps(reader=reader, writer=RecordingWriter())  # type: ignore[arg-type]
+    for now in (20, 21, 22):
+        run(reader, RecordingWriter(), deps, now=now)
+    assert CountingReader.reads == 1

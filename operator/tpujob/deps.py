@@ -1,0 +1,131 @@
+"""What the operator's handlers share (kopf's memo): clients, cache, settings, bookkeeping.
+
+Everything here lives for the operator process and is rebuilt after a restart from the
+cluster (the watch-fed cache, the jobs' recorded placements); nothing in it is a source of
+truth that a crash could lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from tpujob.api import Phase, TPUTrainingJobStatus
+from tpujob.gcp.client import CatalogueSource
+from tpujob.kube.apply import Writer
+from tpujob.kube.cache import CachedView
+from tpujob.kube.observe import ClusterReads, Reader
+from tpujob.metrics import Metrics
+from tpujob.plan import PlannerSettings
+from tpujob.wakeups import JobKey, WakeBook
+
+API_THREADS = 16
+# Objects this operator created are not created again for this long: the watch may not have
+# shown them yet, and a create of what exists is a wasted request answered 409.
+RECENT_WRITE_SECONDS = 30.0
+T = TypeVar("T")
+
+
+class RecentWrites:
+    """What this process created or fenced lately (thread-safe: effects run in threads)."""
+
+    def __init__(self, ttl_seconds: float = RECENT_WRITE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl, self._clock = ttl_seconds, clock
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, what: str) -> bool:
+        with self._lock:
+            at = self._seen.get(what)
+            return at is not None and self._clock() - at < self._ttl
+
+    def note(self, what: str) -> None:
+        with self._lock:
+            now = self._clock()
+            self._seen[what] = now
+            if len(self._seen) > 4096:
+                self._seen = {k: t for k, t in self._seen.items() if now - t < self._ttl}
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Deps:
+    """What the handlers share (kopf's memo); copying returns the same object."""
+
+    reader: Reader
+    writer: Writer
+    metrics: Metrics = field(default_factory=Metrics)
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    clock: Callable[[], dt.datetime] = utc_now
+    # The watch-fed cache the handlers attach at start-up; without it, reads go to the API.
+    view: CachedView | None = None
+    wakes: WakeBook = field(default_factory=WakeBook)
+    # Since when each node's allocatable TPUs have been below capacity: the Node object keeps
+    # no such time, so the operator remembers it (a restart only restarts the grace).
+    tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
+    # The placement authority: pool -> the job that holds it, taken under `placement_lock`
+    # in the same step as the plan that chose it, so two jobs planned at once never pick one
+    # pool. Rebuilt after a restart from each job's recorded placement (and, meanwhile, the
+    # pods that exist mark their pools busy).
+    pool_claims: dict[str, JobKey] = field(default_factory=dict)
+    placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Blocking client calls and planning run here, not in the loop's default executor (six
+    # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=API_THREADS, thread_name_prefix="tpujob"))
+    # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
+    # guard against the unforeseen, and the loop stays free meanwhile.
+    plan_budget_seconds: float = 10.0
+    # The optional Cloud TPU zone catalogue (advice only); refreshed by `refresh_catalogue`.
+    catalogue: CatalogueSource | None = None
+    catalogue_refresh_seconds: float = 6 * 3600.0
+    background: list[asyncio.Task[None]] = field(default_factory=list)  # kept, not collected
+    # The body each job's last status write returned: newer than the cache until the watch
+    # delivers it, so the next reconcile does not plan on the status it just replaced.
+    written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    progress_written: dict[JobKey, dt.datetime] = field(default_factory=dict)
+    log_tails: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    recent: RecentWrites = field(default_factory=RecentWrites)
+
+    def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
+        """Record the pools `key`'s status holds (none once it finished or is gone); returns
+        the pools it let go of."""
+        before = {p for p, owner in self.pool_claims.items() if owner == key}
+        for pool in before:
+            del self.pool_claims[pool]
+        if status is not None and status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+            for slot in status.current_attempt.placement:
+                self.pool_claims.setdefault(slot.node_pool, key)
+        return sorted(p for p in before if self.pool_claims.get(p) is None)
+
+    def claimed_by_others(self, key: JobKey) -> frozenset[str]:
+        return frozenset(p for p, owner in self.pool_claims.items() if owner != key)
+
+    def __copy__(self) -> Deps:
+        return self
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call in the operator's executor."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def read(self, reads: ClusterReads, fn: Callable[..., T], *args: Any) -> T:
+        """Run a read: in the loop from the cache (kopf changes it there), else in a thread."""
+        return fn(*args) if reads.in_memory else await self.run(fn, *args)
+
+    def forget(self, key: JobKey) -> None:
+        self.wakes.forget(key)
+        self.written.pop(key, None)
+        self.progress_written.pop(key, None)
+        self.metrics.forget_job(*key)
+        self.claim(key, None)

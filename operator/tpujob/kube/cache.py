@@ -1,0 +1,148 @@
+"""The operator's view of the cluster, kept by the watches it already runs.
+
+Each `*_record` function turns one watched object into the small, parsed value an index keeps.
+The handlers register them as kopf indexes: kopf calls them on every watch event, drops a
+deleted object's values itself, and starts no handler before every index has been filled by
+its first listing, so a reconcile never sees a half-listed cluster. `CachedView` answers a
+reconcile's reads from those indexes: no LIST and no GET per reconcile, and parsing (pods,
+nodes, heartbeats) happens once per change instead of once per reconcile of every job.
+
+An index is any mapping from a key to the values stored under it (kopf's `Index` is one), so
+this module needs no kopf and is tested with plain dicts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpujob import labels
+from tpujob.observed import Heartbeat, NodeView, PodView, heartbeat_view, node_view, pod_view
+from tpujob.redact import redact
+
+Index = Mapping[Hashable, Iterable[Any]]
+JobKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    """A pod that claims (by label) to belong to a job, parsed and redacted once."""
+
+    owners: frozenset[str]  # ownerReference uids: only the job whose uid is here owns it
+    view: PodView
+
+
+def job_key(namespace: str | None, job: str | None) -> JobKey | None:
+    return (namespace, job) if namespace and job else None
+
+
+def pod_record(raw: Mapping[str, Any]) -> PodRecord:
+    """Termination messages end up in the status and Events: redacted here, once."""
+    refs = (raw.get("metadata") or {}).get("ownerReferences") or []
+    owners = frozenset(str(r.get("uid")) for r in refs if isinstance(r, Mapping) and
+                       r.get("uid"))
+    view = pod_view(raw)
+    return PodRecord(owners=owners, view=replace(view, message=redact(view.message)))
+
+
+def pod_by_job(raw: Mapping[str, Any]) -> dict[Hashable, PodRecord]:
+    meta = raw.get("metadata") or {}
+    key = job_key(meta.get("namespace"), (meta.get("labels") or {}).get(labels.JOB))
+    return {key: pod_record(raw)} if key else {}
+
+
+def pod_by_pool(raw: Mapping[str, Any]) -> dict[Hashable, JobKey]:
+    """Pools that live pods of a job hold (pods that ended hold no chips)."""
+    meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
+    key = job_key(meta.get("namespace"), (meta.get("labels") or {}).get(labels.JOB))
+    pool = (spec.get("nodeSelector") or {}).get(labels.NODEPOOL)
+    phase = (raw.get("status") or {}).get("phase")
+    if key is None or not pool or phase in ("Succeeded", "Failed"):
+        return {}
+    return {str(pool): key}
+
+
+def pod_by_node(raw: Mapping[str, Any]) -> dict[Hashable, JobKey]:
+    """The node a job's pod is bound to: a change to that node concerns the job."""
+    meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
+    key = job_key(meta.get("namespace"), (meta.get("labels") or {}).get(labels.JOB))
+    node = spec.get("nodeName")
+    return {str(node): key} if key and node else {}
+
+
+def node_record(raw: Mapping[str, Any]) -> dict[Hashable, NodeView]:
+    return {str(raw["metadata"]["name"]): node_view(raw)}
+
+
+def lease_record(raw: Mapping[str, Any]) -> dict[Hashable, Heartbeat]:
+    meta = raw.get("metadata") or {}
+    view = heartbeat_view(raw)
+    return {(str(meta.get("namespace")), str(meta.get("name"))): view} if view else {}
+
+
+def job_record(raw: Mapping[str, Any]) -> dict[Hashable, dict[str, Any]]:
+    """The job as last seen; a deep copy, since the watch's own object keeps changing."""
+    meta = raw.get("metadata") or {}
+    return {(str(meta.get("namespace")), str(meta.get("name"))): copy.deepcopy(dict(raw))}
+
+
+def newer(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The later of two versions of one object.
+
+    resourceVersions are opaque by contract, but every apiserver backed by etcd hands out
+    increasing integers; when both are integers the larger wins, otherwise `a` (the watch's)
+    does, which at worst costs one Conflict and a redo.
+    """
+    if a is None or b is None:
+        return a if b is None else b
+    va = str((a.get("metadata") or {}).get("resourceVersion", ""))
+    vb = str((b.get("metadata") or {}).get("resourceVersion", ""))
+    if va.isdigit() and vb.isdigit() and int(vb) > int(va):
+        return b
+    return a
+
+
+def _one(index: Index, key: Hashable) -> Any:
+    return next(iter(index.get(key, ())), None)
+
+
+@dataclass(frozen=True)
+class CachedView:
+    """One reconcile's reads, answered from the watch-fed indexes (in the event loop only:
+    kopf changes the indexes there)."""
+
+    jobs: Index
+    pods: Index
+    pools: Index
+    nodes: Index
+    heartbeats: Index
+    node_pods: Index = field(default_factory=dict)
+    in_memory: bool = True
+
+    def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = _one(self.jobs, (namespace, name))
+        return copy.deepcopy(body) if body is not None else None
+
+    def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
+        return list(self.pods.get((namespace, job), ()))
+
+    def node_views(self) -> dict[str, NodeView]:
+        return {str(name): view for name, store in self.nodes.items() for view in store}
+
+    def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None:
+        found: Heartbeat | None = _one(self.heartbeats, (namespace, lease))
+        return found
+
+    def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
+        """Pools where live pods of other jobs hold chips."""
+        me = (namespace, job)
+        return frozenset(str(pool) for pool, holders in self.pools.items()
+                         if any(holder != me for holder in holders))
+
+    def pool_holders(self, pool: str) -> frozenset[JobKey]:
+        return frozenset(self.pools.get(pool, ()))
+
+    def jobs_on_node(self, node: str) -> frozenset[JobKey]:
+        return frozenset(self.node_pods.get(node, ()))

@@ -1,0 +1,83 @@
+"""The watch-fed cache: what each index keeps of an object, and the reads built on it."""
+
+from __future__ import annotations
+
+import pytest
+from tests.unit.operator.builders import job_body, pod, running_status, trainer_message
+from tests.unit.operator.fakes import FakeReader
+
+from tpujob import contract, labels
+from tpujob.kube.cache import newer, pod_by_node, pod_by_pool, pod_record
+from tpujob.kube.observe import observe, tails_to_read
+
+
+def test_a_pods_record_keeps_its_owner_uids_and_a_redacted_message() -> None:
+    job = job_body(status=running_status())
+    message = trainer_message(contract.ExitCode.SHAPE_MISMATCH,
+                              "fetch https://user:hunter2@example.com/data failed")
+    raw = pod(job, 1, 0, 1, phase="Failed", exit_code=1, message=message)
+    record = pod_record(raw)
+    assert record.owners == frozenset({job["metadata"]["uid"]})
+    assert "hunter2" not in record.view.message
+    assert record.view.exit_code == 1
+
+
+@pytest.mark.parametrize(("phase", "held"), [
+    ("Pending", True), ("Running", True), ("Succeeded", False), ("Failed", False)])
+def test_only_a_live_pod_holds_its_pool(phase: str, held: bool) -> None:
+    job = job_body(status=running_status())
+    raw = pod(job, 1, 0, 0, phase=phase)
+    raw["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    assert bool(pod_by_pool(raw)) is held
+
+
+def test_a_pod_is_indexed_under_the_node_it_is_bound_to() -> None:
+    job = job_body(status=running_status())
+    raw = pod(job, 1, 0, 0, node_name="node-7")
+    assert pod_by_node(raw) == {"node-7": ("team", "train")}
+    unbound = pod(job, 1, 0, 1)
+    unbound["spec"].pop("nodeName", None)
+    assert pod_by_node(unbound) == {}
+
+
+def test_busy_pools_are_those_other_jobs_hold() -> None:
+    job = job_body(status=running_status())
+    other = job_body(status=running_status())
+    other["metadata"].update(name="other", uid="uid-other")
+    mine, theirs = pod(job, 1, 0, 0), pod(other, 1, 0, 0)
+    theirs["metadata"]["labels"][labels.JOB] = "other"
+    mine["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    theirs["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-b"}
+    view = FakeReader([mine, theirs], body=job)
+    assert view.busy_pools("team", "train") == frozenset({"pool-b"})
+    assert view.pool_holders("pool-b") == frozenset({("team", "other")})
+
+
+def test_observe_from_the_cache_keeps_only_owned_pods_and_names_the_tails_to_read() -> None:
+    job = job_body(status=running_status())
+    failed = pod(job, 1, 0, 1, phase="Failed", exit_code=137)
+    forged = pod(job, 1, 0, 1, phase="Failed", exit_code=1)
+    forged["metadata"].update(name="forged", uid="forged-uid", ownerReferences=[])
+    seen = observe(FakeReader([pod(job, 1, 0, 0), failed, forged], body=job), job)
+    assert "forged" not in [p.name for p in seen.pods]
+    assert tails_to_read(seen) == [(failed["metadata"]["name"], failed["metadata"]["uid"])]
+
+
+def test_a_cached_job_body_is_a_copy_the_caller_may_change() -> None:
+    job = job_body(status=running_status())
+    view = FakeReader([], body=job)
+    first = view.job_body("team", "train")
+    assert first is not None
+    first["status"]["phase"] = "Failed"
+    again = view.job_body("team", "train")
+    assert again is not None and again["status"]["phase"] != "Failed"
+
+
+@pytest.mark.parametrize(("cached", "written", "winner"), [
+    ("10", "12", "written"), ("12", "10", "cached"), ("12", "12", "cached"),
+    ("abc", "12", "cached"), (None, "12", "written")])
+def test_the_newer_of_two_versions_wins_and_opaque_versions_favour_the_watch(
+        cached: str | None, written: str, winner: str) -> None:
+    a = {"metadata": {"resourceVersion": cached}} if cached is not None else None
+    b = {"metadata": {"resourceVersion": written}}
+    assert newer(a, b) is (a if winner == "cached" else b)
