@@ -30,6 +30,7 @@ from tpujob.deps import Deps
 from tpujob.kube.cache import newer
 from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
 from tpujob.kube.observe import ClusterReads, observe, tails_to_read, with_tails
+from tpujob.ledger_store import ledger_rows, remember_blame
 from tpujob.node_health import track_tpu_shortfall
 from tpujob.observed import Observed
 from tpujob.plan import EventSpec, Plan
@@ -92,7 +93,8 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
         observed = replace(observed, tpu_short_since=deps.tpu_short_since,
                            catalogue=deps.catalogue.catalogue if deps.catalogue else None,
-                           busy_pools=observed.busy_pools | deps.claimed_by_others(key))
+                           busy_pools=observed.busy_pools | deps.claimed_by_others(key),
+                           node_blames=ledger_rows(deps))
         try:
             result = await asyncio.wait_for(
                 deps.run(partial(plan, observed, now=now, settings=deps.settings)),
@@ -101,6 +103,8 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
             return await _report_slow_plan(deps, body, observed)
         released = deps.claim(key, result.status)
     written = await _write_status(deps, key, body, result, now)
+    if result.ledger_blame is not None:
+        await remember_blame(deps, result.ledger_blame)
     try:
         await deps.run(_act, deps, body, result)
     except PodsRefusedError as err:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tpujob.api import Phase, TPUTrainingJobStatus
+from tpujob.diagnosis.memory import NodeLedger
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
 from tpujob.kube.cache import CachedView
@@ -97,6 +98,11 @@ class Deps:
     progress_written: dict[JobKey, dt.datetime] = field(default_factory=dict)
     log_tails: OrderedDict[str, str] = field(default_factory=OrderedDict)
     recent: RecentWrites = field(default_factory=RecentWrites)
+    # The node ledger (soft blames of nodes across jobs), kept in a ConfigMap of the
+    # operator's own namespace so that it survives a restart; in memory only without one.
+    ledger: NodeLedger = field(default_factory=NodeLedger)
+    ledger_namespace: str | None = None
+    ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
         """Record the pools `key`'s status holds (none once it finished or is gone); returns

@@ -27,6 +27,7 @@ from tpujob.api import GROUP, PLURAL, VERSION
 from tpujob.controller import Deps, reconcile, refresh_catalogue
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
+from tpujob.ledger_store import load_ledger
 from tpujob.observed import heartbeat_view, node_view
 
 ERROR_RETRY_SECONDS = 2.0
@@ -57,6 +58,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 30
         settings.persistence.finalizer = f"{GROUP}/operator"
+
+    @kopf.on.startup(registry=registry)
+    async def start_ledger(memo: Any, **_: Any) -> None:
+        assert isinstance(memo, Deps)
+        await load_ledger(memo)
 
     @kopf.on.startup(registry=registry)
     async def start_catalogue(memo: Any, **_: Any) -> None:

@@ -291,6 +291,9 @@ class Observed:
     # can see one renewed, so a heartbeat's age counts only from then (`failure_facts`).
     # None: no record is kept, and the age counts in full.
     api_reachable_since: datetime | None = None
+    # The node ledger's rows, (node, "namespace/job", seconds since the epoch): soft blames
+    # of nodes by all the operator's jobs (`tpujob.plan_ledger`).
+    node_blames: tuple[tuple[str, str, float], ...] = ()
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

@@ -66,6 +66,9 @@ def register(subparsers: Any) -> None:
                         "job's progress (its heartbeat wakes the job no more often)")
     p.add_argument("--poll", type=float, default=5.0,
                    help="seconds between reconciles of a running job that no event woke")
+    p.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE"),
+                   help="namespace of the node ledger's ConfigMap (default: the operator "
+                        "pod's own); without one the ledger is kept in memory only")
     p.add_argument("--plan-budget", type=float, default=10.0,
                    help="seconds one job's planning (its diagnosis included) may take")
     p.add_argument("--gcp-project", default=None,
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     deps = Deps(
         reader=Reader(api), writer=Writer(api), metrics=metrics, settings=settings,
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),
-        plan_budget_seconds=args.plan_budget,
+        plan_budget_seconds=args.plan_budget, ledger_namespace=args.ledger_namespace or None,
         catalogue_refresh_seconds=args.gcp_refresh_hours * 3600)
     if args.gcp_project and args.gcp_zones:
         from tpujob.gcp.client import CatalogueConfig, CatalogueSource, parse_zones

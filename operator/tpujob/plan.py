@@ -21,6 +21,7 @@ from tpujob.api import (
     TPUTrainingJobStatus,
 )
 from tpujob.api import constants as c
+from tpujob.diagnosis.memory import Blame
 from tpujob.node_health import DEFAULT_HEALTH, NodeHealthSettings
 
 
@@ -77,6 +78,7 @@ class Plan:
     delete_job: bool = False
     diagnosis: dx.Diagnosis | None = None
     recovery_seconds: float | None = None  # failure seen -> training resumed, when it resumed
+    ledger_blame: Blame | None = None  # a soft blame of a node for the shared node ledger
 
 
 @dataclass
@@ -94,6 +96,7 @@ class Draft:
     delete_job: bool = False
     diagnosis: dx.Diagnosis | None = None
     recovery_seconds: float | None = None
+    ledger_blame: Blame | None = None
 
     def update(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -127,4 +130,4 @@ class Draft:
                     mark_nodes=tuple(self.mark_nodes),
                     events=(*resend, *self.events), requeue_after=self.requeue_after,
                     delete_job=self.delete_job, diagnosis=self.diagnosis,
-                    recovery_seconds=self.recovery_seconds)
+                    recovery_seconds=self.recovery_seconds, ledger_blame=self.ledger_blame)

@@ -20,6 +20,7 @@ from tpujob.observed import Observed
 from tpujob.placement import placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
 from tpujob.plan_health import grade_leak
+from tpujob.plan_ledger import weigh_ledger
 from tpujob.plan_memory import recall, weigh_model_guess
 from tpujob.plan_pools import choose_pools
 from tpujob.recovery import Broken, FailJob, Restart, decide
@@ -87,7 +88,10 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
                       node=broken.root_node, slice_index=broken.root_slice,
                       progressed=progressed(obs))
     d = recalled.diagnosis
-    history_blame = recalled.blamed_node or _busy_device_node(d, broken)
+    shared = weigh_ledger(d, node=broken.root_node, namespace=job.namespace, name=job.name,
+                          blames=obs.node_blames, now=draft.now)
+    d, draft.ledger_blame = shared.diagnosis, shared.blame
+    history_blame = recalled.blamed_node or shared.blamed_node or _busy_device_node(d, broken)
     if history_blame:
         slices = broken.slices | ({broken.root_slice} if broken.root_slice is not None else set())
         broken = replace(broken, history_nodes=(history_blame,), slices=frozenset(slices))

@@ -143,6 +143,17 @@ class Writer:
         with contextlib.suppress(KubeError):
             call(self.core.create_namespaced_event, meta["namespace"], event)
 
+    def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Replace a ConfigMap's data, creating the ConfigMap the first time."""
+        try:
+            call(self.core.patch_namespaced_config_map, name, namespace, {"data": data},
+                 _content_type=MERGE_PATCH)
+        except NotFoundError:
+            call(self.core.create_namespaced_config_map, namespace, {
+                "metadata": {"name": name, "namespace": namespace,
+                             "labels": {labels.MANAGED_BY: labels.MANAGER}},
+                "data": data})
+
     def delete_job(self, body: Mapping[str, Any]) -> None:
         meta = body["metadata"]
         with contextlib.suppress(NotFoundError):

@@ -91,6 +91,14 @@ class Reader:
     def pool_holders(self, pool: str) -> frozenset[tuple[str, str]]:
         return frozenset(key for held, key in self._held() if held == pool)
 
+    def config_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A ConfigMap's data; empty when there is none."""
+        try:
+            found = call(self.core.read_namespaced_config_map, name, namespace)
+        except NotFoundError:
+            return {}
+        return {str(k): str(v) for k, v in (found.data or {}).items()}
+
     def log_tail(self, namespace: str, pod: str) -> str:
         """The pod's last lines, secrets redacted: they are copied into the job's status and
         Events, which more people can read than the pod's logs."""

@@ -32,6 +32,7 @@ class FakeReader(CachedView):
             pools=index(pod_by_pool(p) for p in pods),
             nodes=index(node_record(n) for n in (nodes if nodes is not None else cluster())),
             heartbeats=index([lease_record(lease)] if lease is not None else []))
+        object.__setattr__(self, "configs", {})
 
     def replace_body(self, body: dict[str, Any]) -> None:
         """The job as the next watch event shows it."""
@@ -40,6 +41,9 @@ class FakeReader(CachedView):
 
     def log_tail(self, namespace: str, pod: str) -> str:
         return ""
+
+    def config_data(self, namespace: str, name: str) -> dict[str, str]:
+        return dict(self.configs.get((namespace, name), {}))
 
 
 def index(records: Iterable[Mapping[Hashable, Any]]) -> dict[Hashable, list[Any]]:
@@ -58,6 +62,7 @@ class RecordingWriter:
         self.calls: list[tuple[str, str]] = []
         self.fail = fail or {}
         self.statuses: list[dict[str, Any]] = []
+        self.configs: dict[tuple[str, str], dict[str, str]] = {}
         # Return the written body with the next resourceVersion, as the apiserver does.
         self.bump_version = False
 
@@ -88,6 +93,10 @@ class RecordingWriter:
 
     def mark_node(self, mark: NodeMark, job: str) -> None:
         self._record("mark", mark.node)
+
+    def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        self._record("config", f"{namespace}/{name}")
+        self.configs[(namespace, name)] = data
 
     def delete_job(self, body: dict[str, Any]) -> None:
         self._record("delete-job", body["metadata"]["name"])

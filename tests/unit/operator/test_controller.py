@@ -299,3 +299,25 @@ def test_a_failed_pods_tail_is_read_once() -> None:
     for now in (20, 21, 22):
         run(reader, RecordingWriter(), deps, now=now)
     assert CountingReader.reads == 1
+
+
+def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_restart() -> None:
+    from tpujob.diagnosis.memory import LEDGER_KEY
+    from tpujob.ledger_store import LEDGER_CONFIGMAP, load_ledger
+
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=137)]
+    reader, writer = FakeReader(pods, body=job), RecordingWriter()
+    deps = Deps(reader=reader, writer=writer, ledger_namespace="tpujob-system")  # type: ignore[arg-type]
+    run(reader, writer, deps)
+    kinds = writer.kinds()
+    assert kinds.index("status") < kinds.index("config")
+    saved = writer.configs[("tpujob-system", LEDGER_CONFIGMAP)][LEDGER_KEY]
+    assert '"team/train"' in saved
+    reader.configs.update(writer.configs)  # type: ignore[attr-defined]
+    restarted = Deps(reader=reader, writer=RecordingWriter(),  # type: ignore[arg-type]
+                     ledger_namespace="tpujob-system")
+    asyncio.run(load_ledger(restarted))
+    assert [(b.node, b.job) for b in restarted.ledger.blames] == [
+        (pods[1]["spec"]["nodeName"], "team/train")]
+    assert restarted.ledger.blames[0].at == at(20).timestamp()

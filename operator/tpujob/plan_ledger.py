@@ -1,0 +1,58 @@
+"""The node ledger applied to a fresh diagnosis: soft blames of one node across jobs.
+
+A node that makes the workers of two different tenants fail softly within a window is broken
+even though neither job, alone, had reason to blame it (`tpujob.diagnosis.memory.record_blame`).
+The ledger is shared by every job the operator runs, so who may write into it matters: a blame
+counts only when it comes from the operator's own reading of a pod the job owns on that node,
+never from a user's rule, and only blames from *other namespaces* can turn it hard, so no
+single tenant can get a node tainted by failing on purpose. A hard verdict is the same as the
+job history's "recurs on the same node": the node is tainted and the slice moves.
+
+Pure: the operator passes the ledger's rows in (`Observed.node_blames`) and persists the blame
+this failure adds (`Plan.ledger_blame`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from tpujob import diagnosis as dx
+from tpujob.diagnosis.memory import Blame, NodeLedger, record_blame
+
+LEDGER_ADVICE = "the node was tainted; the slice runs elsewhere"
+
+
+@dataclass(frozen=True)
+class LedgerOutcome:
+    diagnosis: dx.Diagnosis
+    blame: Blame | None = None  # to add to the ledger
+    blamed_node: str | None = None  # hard: taint it and move the slice
+
+
+def ledger_job(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def _tenant(job: str) -> str:
+    return job.split("/", 1)[0]
+
+
+def weigh_ledger(d: dx.Diagnosis, *, node: str | None, namespace: str, name: str,
+                 blames: Sequence[tuple[str, str, float]], now: datetime) -> LedgerOutcome:
+    """Add this failure's soft blame of `node`; hard when another tenant blamed it lately."""
+    trusted = not any(e.source is dx.Source.USER_RULE for e in d.evidence)
+    if d.failure_class is not dx.FailureClass.SOFT or not node or not trusted:
+        return LedgerOutcome(d)
+    blame = Blame(node=node, job=ledger_job(namespace, name), at=now.timestamp())
+    others = NodeLedger(tuple(Blame(n, j, at) for n, j, at in blames
+                              if _tenant(j) != namespace))
+    _, verdict = record_blame(others, blame, now=blame.at)
+    if verdict.failure_class is not dx.FailureClass.HARD or verdict.blamed_node is None:
+        return LedgerOutcome(d, blame)
+    evidence = verdict.evidence.replace("different jobs", "jobs of different namespaces")
+    hard = replace(d, failure_class=dx.FailureClass.HARD,
+                   summary=f"{d.summary} ({evidence})", advice=LEDGER_ADVICE,
+                   evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, evidence)))
+    return LedgerOutcome(hard, blame, verdict.blamed_node)
