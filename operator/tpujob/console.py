@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, parse_job
+from tpujob.api import GROUP, PLURAL, VERSION, GoodputBreakdown, TPUTrainingJob, parse_job
 from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
 
 
@@ -98,6 +98,14 @@ def catalogue_warnings(job: TPUTrainingJob, catalogue: Catalogue | None) -> list
     return [f"[yellow]warning: {escape(check.message)}[/yellow]"]
 
 
+def goodput_parts(parts: GoodputBreakdown) -> list[tuple[str, float]]:
+    """The breakdown's categories in a fixed order, with their names as users read them."""
+    return [("productive", parts.productive), ("start-up", parts.startup),
+            ("restore", parts.restore), ("re-done", parts.redone),
+            ("data wait", parts.data_wait), ("downtime", parts.downtime),
+            ("other", parts.other)]
+
+
 def describe_lines(job: TPUTrainingJob, now: datetime,
                    catalogue: Catalogue | None = None) -> list[str]:
     """The describe view as plain lines (rich markup allowed)."""
@@ -115,6 +123,10 @@ def describe_lines(job: TPUTrainingJob, now: datetime,
     lines.append(f"  checkpoint step {checkpoint}")
     if st.goodput is not None:
         lines.append(f"  goodput    {st.goodput:.1%}")
+    if (parts := st.goodput_breakdown) is not None and parts.wall_seconds > 0:
+        lines.append("  wall time  " + ", ".join(
+            f"{name} {seconds:.0f}s ({seconds / parts.wall_seconds:.0%})"
+            for name, seconds in goodput_parts(parts) if seconds > 0))
     r = st.restarts
     rec = spec.recovery
     lines.append(f"  restarts   soft {r.soft}/{rec.max_soft_restarts}  medium "

@@ -48,7 +48,7 @@ SLOW_PLAN_RETRY_SECONDS = 60.0
 # A failed container's log does not change: its tail is read once and kept (by pod uid).
 TAIL_CACHE_SIZE = 2048
 # Status fields that follow the heartbeat; a change to these alone may wait.
-PROGRESS_FIELDS = ("progress", "goodput")
+PROGRESS_FIELDS = ("progress", "goodput", "goodputBreakdown")
 
 
 async def refresh_catalogue(deps: Deps) -> None:
@@ -268,6 +268,9 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
         deps.metrics.record_recovery(result.recovery_seconds)
     deps.metrics.record_job(namespace, name, status.phase, status.goodput,
                             status.failed_node_budget_left)
+    if status.goodput_breakdown is not None:
+        deps.metrics.record_breakdown(namespace, name, status.goodput_breakdown.model_dump(
+            by_alias=True, exclude={"wall_seconds"}))
 
 
 async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:

@@ -32,6 +32,9 @@ class Metrics:
                                   buckets=RECOVERY_BUCKETS, registry=r)
         self.goodput = Gauge("tpujob_goodput_ratio", "Productive training time over wall time.",
                              ["namespace", "job"], registry=r)
+        self.goodput_seconds = Gauge(
+            "tpujob_goodput_seconds", "Job wall time by goodput category (seconds).",
+            ["namespace", "job", "category"], registry=r)
         self.budget_left = Gauge("tpujob_failed_node_budget_remaining",
                                  "Nodes that may still fail before the job fails.",
                                  ["namespace", "job"], registry=r)
@@ -48,6 +51,8 @@ class Metrics:
         # process_cpu_seconds_total, process_resident_memory_bytes, open fds (Linux).
         ProcessCollector(registry=r)
         self._phases: dict[tuple[str, str], str] = {}
+        self._categories = ("productive", "startup", "restore", "redone", "dataWait",
+                            "downtime", "other")
 
     def record_job(self, namespace: str, job: str, phase: Phase | None,
                    goodput: float | None, budget_left: int | None) -> None:
@@ -60,8 +65,16 @@ class Metrics:
         if budget_left is not None:
             self.budget_left.labels(namespace=namespace, job=job).set(budget_left)
 
+    def record_breakdown(self, namespace: str, job: str, parts: dict[str, float]) -> None:
+        for category, seconds in parts.items():
+            self.goodput_seconds.labels(namespace=namespace, job=job, category=category).set(
+                seconds)
+
     def forget_job(self, namespace: str, job: str) -> None:
         self._phases.pop((namespace, job), None)
+        for category in list(self._categories):
+            with contextlib.suppress(KeyError):
+                self.goodput_seconds.remove(namespace, job, category)
         for gauge in (self.goodput, self.budget_left):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, job)

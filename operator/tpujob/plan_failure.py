@@ -19,6 +19,7 @@ from tpujob.node_health import NodeHealthSettings, judge
 from tpujob.observed import Observed
 from tpujob.placement import placement
 from tpujob.plan import Draft, NodeMark, PlannerSettings, PodDeletion
+from tpujob.plan_goodput import ended_attempt
 from tpujob.plan_health import grade_leak
 from tpujob.plan_ledger import weigh_ledger
 from tpujob.plan_memory import recall, weigh_model_guess
@@ -99,7 +100,9 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
                       base_collective_timeout=settings.collective_timeout_seconds)
     draft.diagnosis = d
     draft.update(failure_history=(*status.failure_history,
-                                  recalled.record)[-FAILURE_HISTORY_LIMIT:])
+                                  recalled.record)[-FAILURE_HISTORY_LIMIT:],
+                 attempt_history=ended_attempt(draft.status, obs.heartbeat,
+                                               now=trouble.seen_at, failed=True))
     draft.timeline("FailureSeen", f"attempt {status.attempt}: pods {', '.join(trouble.pods)}",
                    at=trouble.seen_at)
     draft.timeline("Diagnosed", d.headline)

@@ -26,6 +26,7 @@ from tpujob.observed import Observed, PodView
 from tpujob.placement import placement, pools_of
 from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
+from tpujob.plan_goodput import breakdown, ended_attempt, goodput_of
 from tpujob.plan_health import watch_training_health
 from tpujob.plan_pools import choose_pools
 
@@ -56,6 +57,9 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     else:
         _reconcile_attempt(obs, draft, settings)
     _mark_blamed_nodes(obs, draft)
+    parts = breakdown(draft.status, obs.heartbeat, now=now)
+    if parts is not None:
+        draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
     return draft.done()
 
 
@@ -204,8 +208,10 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
     draft.fence_attempt = job.status.attempt
     draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
                      *manifests.heartbeat_rbac(job), *manifests.attempt_pods(job, settings)]
+    restored = current.rollback_step if current.rollback_step is not None else \
+        job.status.checkpoint_step
     draft.update(current_attempt=current.model_copy(update={
-        "launched_time": now, "placement": placement(pools)}))
+        "launched_time": now, "placement": placement(pools), "restored_step": restored}))
     where = ", ".join(f"slice {s} on {p}" for s, p in sorted(pools.items())) or "any pool"
     draft.timeline("PodsCreated", f"attempt {job.status.attempt}: {where}")
     draft.requeue(1.0)
@@ -226,6 +232,8 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     missing = [(s, w) for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)
                if manifests.pod_name(job.name, job.status.attempt, s, w) not in present]
     if not missing and all(p.phase == "Succeeded" for p in pods):
+        draft.update(attempt_history=ended_attempt(draft.status, obs.heartbeat, now=now,
+                                                   failed=False))
         _succeeded(draft)
         return
     trouble = find_trouble(obs, job.status.attempt, now=now, launched_at=current.launched_time,
@@ -269,12 +277,6 @@ def _record_progress(obs: Observed, draft: Draft) -> None:
                                    steps_per_second=beat.steps_per_second))
     if beat.checkpoint_step is not None:
         draft.update(checkpoint_step=beat.checkpoint_step)
-    start = job.status.start_time
-    if start is not None and beat.steps_per_second and beat.steps_per_second > 0:
-        elapsed = (draft.now - start).total_seconds()
-        if elapsed > 0:
-            productive = beat.step / beat.steps_per_second
-            draft.update(goodput=round(min(1.0, productive / elapsed), 4))
 
 
 def _watch_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...],
@@ -285,7 +287,8 @@ def _watch_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...],
     resumed = beat is not None and beat.attempt == job.status.attempt and beat.step is not None
     if resumed and current.resumed_step is None and beat is not None:
         draft.update(current_attempt=current.model_copy(update={
-            "resumed_step": beat.step, "recovering_since": None}))
+            "resumed_step": beat.step, "recovering_since": None,
+            "first_heartbeat_time": now}))
         if current.recovering_since is not None:
             seconds = (now - current.recovering_since).total_seconds()
             draft.recovery_seconds = seconds

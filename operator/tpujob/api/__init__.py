@@ -27,6 +27,7 @@ from tpujob.api.spec import CheckpointSpec, CheckpointVolume, TPUSpec, TPUTraini
 from tpujob.api.status import (
     Condition,
     FailedNode,
+    GoodputBreakdown,
     LastFailure,
     PendingEvent,
     Progress,
@@ -55,6 +56,7 @@ __all__ = [
     "FailureClass",
     "FieldError",
     "Framework",
+    "GoodputBreakdown",
     "HostResources",
     "InvalidJobError",
     "LastFailure",

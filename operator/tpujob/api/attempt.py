@@ -15,6 +15,7 @@ from tpujob.api import constants as c
 from tpujob.api.base import StatusModel
 
 FAILURE_HISTORY_LIMIT = 20
+ATTEMPT_HISTORY_LIMIT = 64
 
 
 class SlicePlacement(StatusModel):
@@ -57,6 +58,33 @@ class AttemptStatus(StatusModel):
         description="This attempt restores the newest checkpoint at or before this step "
         "(a rollback after a non-finite loss).",
     )
+    restored_step: int | None = Field(
+        default=None, ge=0,
+        description="The committed checkpoint step known when the attempt launched: where it "
+        "resumes from (goodput counts steps past it as re-done work of the attempt before).",
+    )
+    first_heartbeat_time: datetime | None = Field(
+        default=None, description="When this attempt's first heartbeat was seen.")
+
+
+class AttemptRecord(StatusModel):
+    """An attempt that ended, as the goodput breakdown needs it (times: seconds since the
+    job started)."""
+
+    attempt: int = Field(ge=1, description="Attempt number.")
+    launched: float = Field(ge=0, description="When its pods were created.")
+    first_heartbeat: float | None = Field(default=None, ge=0,
+                                          description="Its first heartbeat.")
+    first_step: int | None = Field(default=None, ge=0, description="Step of that heartbeat.")
+    restored_step: int | None = Field(default=None, ge=0, description="Where it resumed.")
+    ended: float = Field(ge=0, description="When its failure or success was seen.")
+    failed: bool = Field(default=False, description="It ended in a failure.")
+    last_step: int | None = Field(default=None, ge=0, description="Last step it reported.")
+    steps_per_second: float | None = Field(default=None, ge=0, description="Its last rate.")
+    input_bound_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="Share of step time it waited for data.")
+    checkpoint_step: int | None = Field(
+        default=None, ge=0, description="Newest committed checkpoint when it ended.")
 
 
 class MemorySampleStatus(StatusModel):

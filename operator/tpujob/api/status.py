@@ -13,7 +13,13 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from tpujob.api import constants as c
-from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus, FailureRecord
+from tpujob.api.attempt import (
+    ATTEMPT_HISTORY_LIMIT,
+    FAILURE_HISTORY_LIMIT,
+    AttemptRecord,
+    AttemptStatus,
+    FailureRecord,
+)
 from tpujob.api.base import StatusModel
 from tpujob.api.enums import ConditionStatus, FailureClass, Phase
 
@@ -141,6 +147,23 @@ class PendingEvent(StatusModel):
     time: datetime = Field(description="When it was decided.")
 
 
+class GoodputBreakdown(StatusModel):
+    """Where the job's wall time went, in seconds; the parts sum to `wallSeconds`."""
+
+    wall_seconds: float = Field(ge=0, description="Since the job started (to its end).")
+    productive: float = Field(default=0, ge=0, description="Training steps that were kept.")
+    startup: float = Field(default=0, ge=0,
+                           description="Scheduling, image pull, device set-up and compile.")
+    restore: float = Field(default=0, ge=0, description="Checkpoint restore, when measured.")
+    redone: float = Field(default=0, ge=0,
+                          description="Steps lost to a restart or rollback, and detection.")
+    data_wait: float = Field(default=0, ge=0, description="Kept steps' time waiting for data.")
+    downtime: float = Field(default=0, ge=0,
+                            description="Between attempts: diagnosis, backoff, rescheduling.")
+    other: float = Field(default=0, ge=0,
+                         description="The rest: since the last heartbeat, final save, exit.")
+
+
 class TPUTrainingJobStatus(StatusModel):
     """The observed state of a TPU training run."""
 
@@ -186,6 +209,12 @@ class TPUTrainingJobStatus(StatusModel):
         le=1,
         description="Fraction of wall time since start spent on productive training steps.",
     )
+    goodput_breakdown: GoodputBreakdown | None = Field(
+        default=None, description="Wall time by category (productive is the goodput).")
+    attempt_history: tuple[AttemptRecord, ...] = Field(
+        default=(), max_length=ATTEMPT_HISTORY_LIMIT,
+        description=f"The last {ATTEMPT_HISTORY_LIMIT} attempts that ended, oldest first "
+        "(the goodput breakdown's facts).")
     start_time: datetime | None = Field(default=None, description="When the job first started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")
     current_attempt: AttemptStatus = Field(

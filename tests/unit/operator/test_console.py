@@ -35,3 +35,13 @@ def test_get_row_has_phase_step_restarts_for_scripts() -> None:
     assert row["phase"] == "Recovering"
     assert row["restarts"]["hard"] == 1
     assert row["failedNodes"] == ["pool-0-w1"]
+
+
+def test_describe_breaks_the_wall_time_down_by_goodput_category() -> None:
+    body = failed_over_node_loss()
+    text = "\n".join(describe_lines(parse_job(body), at(30)))
+    # The attempt never reported its first heartbeat here: all of its 20 s were start-up.
+    assert "wall time  start-up 20s (100%)" in text
+    status = parse_job(body).status
+    assert status.goodput_breakdown is not None
+    assert status.attempt_history and status.attempt_history[0].failed

@@ -277,7 +277,9 @@ def test_the_next_reconcile_plans_on_the_status_it_wrote_when_the_watch_is_behin
     # The cache still shows the body from before the launch; planning on it would launch the
     # same attempt again. The body the write returned is newer, so it is used instead.
     run(reader, writer, deps, now=21)
-    assert writer.kinds().count("status") == 1
+    launches = {st["currentAttempt"]["launchedTime"] for st in writer.statuses}
+    assert len(launches) == 1
+    assert [e["kind"] for e in writer.statuses[-1]["timeline"]].count("PodsCreated") == 1
     # Nor are the pods it created moments ago created again while the watch catches up.
     assert writer.kinds().count("fence") == 1
     assert len([d for k, d in writer.calls if k == "create" and d.startswith("Pod/")]) == 2

@@ -42,3 +42,12 @@ def test_failures_restarts_and_recovery_durations_are_counted() -> None:
     assert 'tpujob_restarts_total{class="fatal"}' not in values
     assert values["tpujob_recovery_duration_seconds_count"] == 1
     assert values['tpujob_recovery_duration_seconds_bucket{le="20.0"}'] == 1
+
+
+def test_the_goodput_breakdown_is_exported_per_category_and_forgotten_with_the_job() -> None:
+    metrics = Metrics()
+    metrics.record_breakdown("a", "one", {"productive": 90.0, "downtime": 10.0})
+    values = scrape(metrics)
+    assert values['tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'] == 90
+    metrics.forget_job("a", "one")
+    assert not any(k.startswith("tpujob_goodput_seconds{") for k in scrape(metrics))
