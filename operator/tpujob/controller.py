@@ -28,7 +28,7 @@ from tpujob.api import (
 )
 from tpujob.deps import Deps
 from tpujob.kube.cache import newer
-from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError
+from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError, UnavailableError
 from tpujob.kube.observe import ClusterReads, observe, tails_to_read, with_tails
 from tpujob.ledger_store import ledger_rows, remember_blame
 from tpujob.node_health import track_tpu_shortfall
@@ -66,9 +66,22 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     """Reconcile once; returns seconds until the next reconcile, None when the job is gone."""
     started = time.perf_counter()
     try:
+        if deps.api_down:
+            await _api_back(deps)
         return await _reconcile(deps, namespace, name)
+    except UnavailableError:
+        deps.api_down = True
+        raise
     finally:
         deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+
+async def _api_back(deps: Deps) -> None:
+    """After an outage, plan nothing until the API answers: the cache and every heartbeat in
+    it are as old as the outage, and no trainer could renew its heartbeat meanwhile."""
+    await deps.run(deps.reader.api_answers)
+    deps.api_down = False
+    deps.api_reachable_since = deps.clock()
 
 
 async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
@@ -94,7 +107,8 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         observed = replace(observed, tpu_short_since=deps.tpu_short_since,
                            catalogue=deps.catalogue.catalogue if deps.catalogue else None,
                            busy_pools=observed.busy_pools | deps.claimed_by_others(key),
-                           node_blames=ledger_rows(deps))
+                           node_blames=ledger_rows(deps),
+                           api_reachable_since=deps.api_reachable_since)
         try:
             result = await asyncio.wait_for(
                 deps.run(partial(plan, observed, now=now, settings=deps.settings)),

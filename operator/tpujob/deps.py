@@ -103,6 +103,11 @@ class Deps:
     ledger: NodeLedger = field(default_factory=NodeLedger)
     ledger_namespace: str | None = None
     ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Since when the API server has answered without a break (None: not known yet, and a
+    # heartbeat's age counts in full). `api_down` is set when a call finds it unreachable;
+    # the next reconcile asks the API before planning, and only its answer ends the outage.
+    api_reachable_since: dt.datetime | None = None
+    api_down: bool = False
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
         """Record the pools `key`'s status holds (none once it finished or is gone); returns

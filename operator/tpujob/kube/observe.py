@@ -91,6 +91,10 @@ class Reader:
     def pool_holders(self, pool: str) -> frozenset[tuple[str, str]]:
         return frozenset(key for held, key in self._held() if held == pool)
 
+    def api_answers(self) -> None:
+        """Raise UnavailableError unless the API server answers (its version: cheap)."""
+        call(client.VersionApi(self.api).get_code)
+
     def config_data(self, namespace: str, name: str) -> dict[str, str]:
         """A ConfigMap's data; empty when there is none."""
         try:

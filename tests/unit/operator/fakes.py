@@ -15,7 +15,7 @@ from tpujob.kube.cache import (
     pod_by_job,
     pod_by_pool,
 )
-from tpujob.kube.errors import KubeError
+from tpujob.kube.errors import KubeError, UnavailableError
 from tpujob.plan import EventSpec, NodeMark, PodDeletion
 
 
@@ -33,6 +33,7 @@ class FakeReader(CachedView):
             nodes=index(node_record(n) for n in (nodes if nodes is not None else cluster())),
             heartbeats=index([lease_record(lease)] if lease is not None else []))
         object.__setattr__(self, "configs", {})
+        object.__setattr__(self, "api_unreachable", False)
 
     def replace_body(self, body: dict[str, Any]) -> None:
         """The job as the next watch event shows it."""
@@ -41,6 +42,10 @@ class FakeReader(CachedView):
 
     def log_tail(self, namespace: str, pod: str) -> str:
         return ""
+
+    def api_answers(self) -> None:
+        if self.api_unreachable:  # type: ignore[attr-defined]
+            raise UnavailableError(0, "ConnectionRefused", "apiserver down")
 
     def config_data(self, namespace: str, name: str) -> dict[str, str]:
         return dict(self.configs.get((namespace, name), {}))

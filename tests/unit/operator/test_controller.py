@@ -323,3 +323,25 @@ def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_res
     assert [(b.node, b.job) for b in restarted.ledger.blames] == [
         (pods[1]["spec"]["nodeName"], "team/train")]
     assert restarted.ledger.blames[0].at == at(20).timestamp()
+
+
+def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count_from_then(
+) -> None:
+    job = job_body(status=running_status())
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    reader = FakeReader(pods, body=job)
+    writer = RecordingWriter(fail={"status": UnavailableError(0, "ConnectionRefused", "")})
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    with pytest.raises(UnavailableError):
+        run(reader, writer, deps, now=20)
+    assert deps.api_down
+    reader.api_unreachable = True  # type: ignore[attr-defined]
+    quiet = RecordingWriter()
+    deps.writer = quiet  # type: ignore[assignment]
+    with pytest.raises(UnavailableError):
+        run(reader, quiet, deps, now=25)
+    assert quiet.calls == []  # still down: no plan, no write
+    reader.api_unreachable = False  # type: ignore[attr-defined]
+    run(reader, quiet, deps, now=60)
+    assert not deps.api_down
+    assert deps.api_reachable_since == at(60)
