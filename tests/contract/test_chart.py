@@ -37,8 +37,7 @@ CLUSTER_RIGHTS: dict[tuple[str, str], set[str]] = {
 ALL_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
                                  ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"}}
 WATCHED_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
-                                     ("", "namespaces"): {"list", "watch"},
-                                     ("", "pods"): {"list"}}
+                                     ("", "namespaces"): {"list", "watch"}}
 JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "delete"},
     ("tpujob.dev", "tputrainingjobs/status"): {"patch", "update"},
