@@ -17,6 +17,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from tpujob import labels
 from tpujob.api import (
     Condition,
     ConditionStatus,
@@ -256,10 +257,14 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
     for deletion in result.delete_pods:
         deps.writer.delete_pod(namespace, deletion)
     if result.fence_attempt is not None:
+        _lease_access(deps, namespace)
         lease = next(o for o in result.create if o["kind"] == "Lease")
         fenced = f"fence/{namespace}/{lease['metadata']['name']}/{result.fence_attempt}"
         if not deps.recent.fresh(fenced):
-            deps.writer.fence(lease, result.fence_attempt)
+            try:
+                deps.writer.fence(lease, result.fence_attempt)
+            except ForbiddenError as err:  # no Lease rights here: say so, as for a pod
+                raise PodsRefusedError(lease["metadata"]["name"], err) from err
             deps.recent.note(fenced)
     _create_all(deps, result.create)
     for mark in result.mark_nodes:
@@ -268,6 +273,23 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
         deps.writer.delete_job(body)
     for event in result.events:
         deps.writer.event(body, event)
+
+
+def _lease_access(deps: Deps, namespace: str) -> None:
+    """Bind the operator's Lease-writer role to itself here, once per namespace and process.
+
+    Never in the system namespaces, where Leases elect leaders and carry node heartbeats: a job
+    there cannot start (its Lease is refused, which the job's status says).
+    """
+    access = deps.lease_access
+    if access is None or namespace in labels.SYSTEM_NAMESPACES:
+        return
+    done = f"lease-access/{namespace}"
+    if deps.recent.fresh(done):
+        return
+    deps.writer.bind_cluster_role(namespace, access.binding, access.role, access.account,
+                                  access.account_namespace)
+    deps.recent.note(done)
 
 
 def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:

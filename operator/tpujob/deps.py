@@ -34,6 +34,17 @@ RECENT_WRITE_SECONDS = 30.0
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class LeaseAccess:
+    """Watching every namespace, the operator writes Leases only where it bound `role` to its
+    own ServiceAccount, which it does in a namespace when it first launches a job there."""
+
+    role: str
+    account: str
+    account_namespace: str
+    binding: str = "tpujob-operator-leases"
+
+
 class RecentWrites:
     """What this process created or fenced lately (thread-safe: effects run in threads)."""
 
@@ -108,6 +119,7 @@ class Deps:
     # the next reconcile asks the API before planning, and only its answer ends the outage.
     api_reachable_since: dt.datetime | None = None
     api_down: bool = False
+    lease_access: LeaseAccess | None = None
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
         """Record the pools `key`'s status holds (none once it finished or is gone); returns

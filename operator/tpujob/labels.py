@@ -39,3 +39,5 @@ MEGASCALE_PORT = 8081
 SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
 # Taint effect the node-lifecycle controller uses once it has given up on a node.
 NO_EXECUTE = "NoExecute"
+# Namespaces whose Leases belong to the cluster itself (leader election, node heartbeats).
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-node-lease", "kube-public"})

@@ -69,6 +69,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE"),
                    help="namespace of the node ledger's ConfigMap (default: the operator "
                         "pod's own); without one the ledger is kept in memory only")
+    p.add_argument("--lease-role", default=None,
+                   help="watching every namespace: the ClusterRole granting Lease writes, which "
+                        "the operator binds to itself in each namespace it runs a job in")
+    p.add_argument("--service-account", default=None,
+                   help="with --lease-role: the operator's ServiceAccount (in POD_NAMESPACE)")
     p.add_argument("--plan-budget", type=float, default=10.0,
                    help="seconds one job's planning (its diagnosis included) may take")
     p.add_argument("--gcp-project", default=None,
@@ -117,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),
         plan_budget_seconds=args.plan_budget, ledger_namespace=args.ledger_namespace or None,
         catalogue_refresh_seconds=args.gcp_refresh_hours * 3600)
+    own_namespace = os.environ.get("POD_NAMESPACE")
+    if args.lease_role and args.service_account and own_namespace:
+        from tpujob.deps import LeaseAccess
+
+        deps.lease_access = LeaseAccess(role=args.lease_role, account=args.service_account,
+                                        account_namespace=own_namespace)
     if args.gcp_project and args.gcp_zones:
         from tpujob.gcp.client import CatalogueConfig, CatalogueSource, parse_zones
 

@@ -35,11 +35,12 @@ CLUSTER_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
 ALL_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
-                                 ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"}}
+                                 ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
+                                 ("rbac.authorization.k8s.io", "clusterroles"): {"bind"}}
 WATCHED_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
                                      ("", "namespaces"): {"list", "watch"}}
 JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
-    ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "delete"},
+    ("tpujob.dev", "tputrainingjobs"): {"list", "watch", "patch", "delete"},
     ("tpujob.dev", "tputrainingjobs/status"): {"patch", "update"},
     ("", "pods"): {"list", "watch", "create", "delete"},
     ("", "pods/log"): {"get"},
@@ -52,6 +53,13 @@ JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
 }
 WATCHED_NAMESPACE_RIGHTS = {**JOB_NAMESPACE_RIGHTS,
                             ("kopf.dev", "kopfpeerings"): {"list", "watch", "patch"}}
+# Watching every namespace, Lease writes are not granted cluster-wide: the operator binds the
+# -leases ClusterRole to itself in each namespace it runs a job in (LEASE_WRITER_RIGHTS there).
+EVERY_JOB_NAMESPACE_RIGHTS = {**JOB_NAMESPACE_RIGHTS,
+                              ("coordination.k8s.io", "leases"): {"get", "list", "watch"}}
+LEASE_WRITER_RIGHTS: dict[tuple[str, str], set[str]] = {
+    ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"}}
+LEASE_WRITER_ROLE = "tpujob-tpujob-operator-leases"
 OWN_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("", "configmaps"): {"get", "create", "patch"},
 }
@@ -175,10 +183,11 @@ def test_render_follows_replicas_and_watched_namespaces(
     watched = [n for n in peering_namespaces if n is not None]
     # Cluster rights and the users' two roles; job-namespace rights cluster-wide or per
     # namespace; the operator's own-namespace Role; the hostPath policy, and the system-Lease
-    # policy when every namespace is watched.
+    # policy when every namespace is watched, with the Lease-writer ClusterRole the operator
+    # binds to itself per job namespace.
     roles = (["ClusterRole"] * 3 + ["ClusterRoleBinding"] + ["Role", "RoleBinding"]
              + (["Role", "RoleBinding"] * len(watched) if watched
-                else ["ClusterRole", "ClusterRoleBinding"]))
+                else ["ClusterRole", "ClusterRoleBinding", "ClusterRole"]))
     policies = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * (
         1 if watched else 2)
     assert kinds(manifests) == sorted(
@@ -201,6 +210,8 @@ def test_operator_command_line_carries_ports_log_level_and_extra_args() -> None:
     assert container["command"] == ["tpujob", "operator"]
     assert container["args"] == [
         "--all-namespaces",
+        "--lease-role=tpujob-tpujob-operator-leases",
+        "--service-account=tpujob-tpujob-operator",
         "--peering=tpujob-operator",
         "--metrics-port=9090",
         "--metrics-address=$(POD_IP)",
@@ -220,9 +231,12 @@ def test_roles_have_no_wildcard_and_nothing_on_secrets(sets: tuple[str, ...]) ->
     assert all(r["rules"] for r in roles), "a role has no rules"
     assert not [s for s in strings if "*" in s]
     assert not [s for s in strings if "secret" in s.lower()]
-    assert all(set(rule) == {"apiGroups", "resources", "verbs"}
+    # resourceNames only where a verb names one object: binding the -leases ClusterRole.
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} or
+               (set(rule) == {"apiGroups", "resources", "verbs", "resourceNames"}
+                and rule["verbs"] == ["bind"])
                for role in roles for rule in role["rules"]), (
-        "rules use only apiGroups/resources/verbs (no nonResourceURLs, no resourceNames)"
+        "rules use only apiGroups/resources/verbs (no nonResourceURLs)"
     )
 
 
@@ -231,10 +245,16 @@ def test_every_namespace_gets_the_job_rights_when_every_namespace_is_watched() -
     assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator")) == (
         ALL_NAMESPACES_CLUSTER_RIGHTS)
     assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator-jobs")) == (
-        JOB_NAMESPACE_RIGHTS)
+        EVERY_JOB_NAMESPACE_RIGHTS)
+    assert rights(named(manifests, "ClusterRole", LEASE_WRITER_ROLE)) == LEASE_WRITER_RIGHTS
     assert rights(named(manifests, "Role", "tpujob-tpujob-operator-own", "ops")) == (
         OWN_NAMESPACE_RIGHTS)
-    assert len(operator_roles(manifests)) == 3
+    assert len(operator_roles(manifests)) == 4
+    args = operator_container(manifests)["args"]
+    assert f"--lease-role={LEASE_WRITER_ROLE}" in args
+    bind = [r for r in named(manifests, "ClusterRole", "tpujob-tpujob-operator")["rules"]
+            if r["verbs"] == ["bind"]]
+    assert [r.get("resourceNames") for r in bind] == [[LEASE_WRITER_ROLE]]
 
 
 def test_watched_namespaces_get_roles_and_nothing_namespaced_is_granted_cluster_wide() -> None:
@@ -278,8 +298,10 @@ def test_role_bindings_bind_the_operator_service_account(sets: tuple[str, ...]) 
     bindings = [m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
              for b in bindings}
+    # The -leases ClusterRole is bound by the operator itself, one job namespace at a time.
     assert bound == {(r["kind"], r["metadata"]["name"], r["metadata"].get("namespace"))
-                     for r in operator_roles(manifests)}
+                     for r in operator_roles(manifests)
+                     if r["metadata"]["name"] != LEASE_WRITER_ROLE}
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ops"}

@@ -18,7 +18,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests.contract.test_chart import (
     ALL_NAMESPACES_CLUSTER_RIGHTS,
-    JOB_NAMESPACE_RIGHTS,
+    EVERY_JOB_NAMESPACE_RIGHTS,
+    LEASE_WRITER_RIGHTS,
     OWN_NAMESPACE_RIGHTS,
     WATCHED_NAMESPACE_RIGHTS,
     WATCHED_NAMESPACES_CLUSTER_RIGHTS,
@@ -45,6 +46,8 @@ class Operator:
     home: str
     watched: tuple[str, ...]
     authz: client.AuthorizationV1Api
+    account: str = ""
+    lease_role: str | None = None  # watching every namespace: bound by the operator itself
 
     def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
         resource, _, sub = resource.partition("/")
@@ -72,11 +75,13 @@ def install(cluster: LocalCluster, core: client.CoreV1Api, home: str,
         "templates/serviceaccount.yaml", "templates/rbac.yaml",
         "templates/admission-policies.yaml"))
     cluster.kubectl("apply", "-f", "-", input_text=rendered)
-    account = next(d["metadata"]["name"] for d in yaml.safe_load_all(rendered)
-                   if d and d["kind"] == "ServiceAccount")
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    account = next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
+    lease_role = next((d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"
+                       and d["metadata"]["name"].endswith("-leases")), None)
     try:
         yield Operator(f"system:serviceaccount:{home}:{account}", home, watched,
-                       client.AuthorizationV1Api(core.api_client))
+                       client.AuthorizationV1Api(core.api_client), account, lease_role)
     finally:
         cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered,
                         check=False)
@@ -97,11 +102,52 @@ def scoped(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
     yield from install(cluster, core, namespace, (other_namespace,))
 
 
+def bind_lease_writer(cluster: LocalCluster, operator: Operator, namespace: str) -> None:
+    """Do as the operator does before a job's first Lease in `namespace`: bind the -leases
+    ClusterRole to its own ServiceAccount there, as that ServiceAccount (so the bind right is
+    what is tested, not the test's own)."""
+    assert operator.lease_role is not None
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    rbac.api_client.default_headers["Impersonate-User"] = operator.user
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "tpujob-operator-leases"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": operator.lease_role},
+        "subjects": [{"kind": "ServiceAccount", "name": operator.account,
+                      "namespace": operator.home}]})
+
+
+def test_watching_everywhere_grants_lease_writes_only_where_the_operator_bound_them(
+        cluster: LocalCluster, everywhere: Operator, other_namespace: str) -> None:
+    writes = ("create", "update", "patch")
+    assert not any(everywhere.may(v, "coordination.k8s.io", "leases", other_namespace)
+                   for v in writes)
+    bind_lease_writer(cluster, everywhere, other_namespace)
+    wait_for(lambda: everywhere.may("patch", "coordination.k8s.io", "leases", other_namespace),
+             timeout=30, what="the binding to take effect")
+    assert all(everywhere.may(verb, group, resource, other_namespace)
+               for (group, resource), verbs in LEASE_WRITER_RIGHTS.items() for verb in verbs)
+    granted = [(verb, ns) for ns in SYSTEM_NAMESPACES for verb in writes
+               if everywhere.may(verb, "coordination.k8s.io", "leases", ns)]
+    assert not granted
+    # The bind right names that one ClusterRole: binding any other is an escalation.
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    rbac.api_client.default_headers["Impersonate-User"] = everywhere.user
+    with pytest.raises(ApiException) as refused:
+        rbac.create_namespaced_role_binding(other_namespace, {
+            "metadata": {"name": "escalate"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": everywhere.account,
+                          "namespace": everywhere.home}]}, dry_run="All")
+    assert refused.value.status == 403
+
+
 def test_watching_everywhere_allows_every_call_and_no_other_verb(
         everywhere: Operator, other_namespace: str) -> None:
     wrong = []
     for rights, where in ((ALL_NAMESPACES_CLUSTER_RIGHTS, None),
-                          (JOB_NAMESPACE_RIGHTS, other_namespace),
+                          (EVERY_JOB_NAMESPACE_RIGHTS, other_namespace),
                           (OWN_NAMESPACE_RIGHTS, everywhere.home)):
         for (group, resource), verbs in rights.items():
             namespace = None if resource in CLUSTER_SCOPED else where
@@ -194,7 +240,9 @@ def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespace
     refusal = wait_for(lambda: lease_write_refusal(cluster, everywhere, system_namespace),
                        timeout=30, what=f"the policy to refuse a Lease in {system_namespace}")
     assert "may not write Leases in system namespaces" in refusal
-    assert lease_write_refusal(cluster, everywhere, other_namespace) == ""
+    bind_lease_writer(cluster, everywhere, other_namespace)
+    wait_for(lambda: lease_write_refusal(cluster, everywhere, other_namespace) == "",
+             timeout=30, what=f"a Lease write allowed in {other_namespace}")
 
 
 @pytest.mark.parametrize(("rule", "allowed"), [

@@ -3,11 +3,12 @@ The rules the operator needs where jobs run. `namespaced` is true for a watched 
 Role, false for the ClusterRole used when every namespace is watched.
 */}}
 {{- define "tpujob-operator.jobNamespaceRules" -}}
-# The jobs: watched by kopf (list, watch), read fresh at each reconcile (get), patched by kopf
-# for its finalizer and annotations, and deleted once spec.ttlSecondsAfterFinished has passed.
+# The jobs: watched by kopf (list, watch; reconciles read them from that watch, never a
+# get), patched by kopf for its finalizer and annotations, and deleted once
+# spec.ttlSecondsAfterFinished has passed.
 - apiGroups: ["tpujob.dev"]
   resources: ["tputrainingjobs"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["list", "watch", "patch", "delete"]
 # Phase, steps, restarts, budgets and failures: the operator replaces the status once per
 # reconcile (update), kopf merges its own progress into it (patch).
 - apiGroups: ["tpujob.dev"]
@@ -37,12 +38,22 @@ Role, false for the ClusterRole used when every namespace is watched.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["create"]
+{{- if .namespaced }}
 # The trainer's heartbeat Lease: created with the job, read and watched for hang detection,
 # patched when an attempt starts. Kubernetes lets a subject put in a Role only rights it holds,
 # so the operator also holds the get/update/patch the per-job Role grants the trainer.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "patch"]
+{{- else }}
+# The trainers' heartbeat Leases, read and watched for hang detection. Writing Leases is
+# granted per job namespace only (the -leases ClusterRole, which the operator binds to itself
+# in a namespace when it first runs a job there), so it never holds Lease writes in
+# kube-system or kube-node-lease, where Leases elect leaders and carry node heartbeats.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
 # What was diagnosed and what was done, as Events on the job (the operator and kopf both post
 # through the core API).
 - apiGroups: [""]

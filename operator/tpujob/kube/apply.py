@@ -143,6 +143,19 @@ class Writer:
         with contextlib.suppress(KubeError):
             call(self.core.create_namespaced_event, meta["namespace"], event)
 
+    def bind_cluster_role(self, namespace: str, name: str, role: str, account: str,
+                          account_namespace: str) -> None:
+        """Bind ClusterRole `role` to a ServiceAccount in `namespace` (no-op when bound)."""
+        binding = {
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {labels.MANAGED_BY: labels.MANAGER}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account,
+                          "namespace": account_namespace}]}
+        with contextlib.suppress(ConflictError):
+            call(self.rbac.create_namespaced_role_binding, namespace, binding)
+
     def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:
         """Replace a ConfigMap's data, creating the ConfigMap the first time."""
         try:

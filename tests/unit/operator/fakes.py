@@ -99,6 +99,10 @@ class RecordingWriter:
     def mark_node(self, mark: NodeMark, job: str) -> None:
         self._record("mark", mark.node)
 
+    def bind_cluster_role(self, namespace: str, name: str, role: str, account: str,
+                          account_namespace: str) -> None:
+        self._record("bind", f"{namespace}/{role}")
+
     def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:
         self._record("config", f"{namespace}/{name}")
         self.configs[(namespace, name)] = data

@@ -345,3 +345,30 @@ def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count
     run(reader, quiet, deps, now=60)
     assert not deps.api_down
     assert deps.api_reachable_since == at(60)
+
+
+@pytest.mark.parametrize(("namespace", "bound"), [("team", True), ("kube-system", False)])
+def test_the_operator_binds_itself_lease_rights_before_the_fence_never_in_system_namespaces(
+        namespace: str, bound: bool) -> None:
+    from tpujob.deps import LeaseAccess
+
+    body = launching_job()
+    body["metadata"]["namespace"] = namespace
+    reader, writer = FakeReader([], body=body), RecordingWriter()
+    deps = Deps(reader=reader, writer=writer,  # type: ignore[arg-type]
+                lease_access=LeaseAccess(role="op-leases", account="op", account_namespace="ops"))
+    deps.clock = lambda: at(20)
+    asyncio.run(reconcile(deps, namespace, "train"))
+    kinds = writer.kinds()
+    assert (("bind", f"{namespace}/op-leases") in writer.calls) is bound
+    if bound:
+        assert kinds.index("bind") < kinds.index("fence")
+
+
+def test_a_lease_the_api_refuses_shows_why_like_a_refused_pod() -> None:
+    refusal = ForbiddenError(403, "Forbidden", "leases is forbidden")
+    writer = RecordingWriter(fail={"fence": refusal})
+    delay = run(FakeReader([], body=launching_job()), writer)
+    assert delay == REFUSED_RETRY_SECONDS
+    refused = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PodsRefused")
+    assert "leases is forbidden" in refused["message"]
