@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from tpujob_trainer.config import load_config
 from tpujob_trainer.contract import (
     HEARTBEAT_ATTEMPT,
     HEARTBEAT_CHECKPOINT_STEP,
@@ -17,6 +19,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_TOTAL_STEPS,
 )
 from tpujob_trainer.heartbeat import Heartbeat, Progress
+from tpujob_trainer.runtime import Loop
 
 pytestmark = pytest.mark.trainer
 
@@ -136,3 +139,20 @@ def test_stop_publishes_the_last_step_even_within_the_interval() -> None:
     heartbeat.progress(progress(50))
     heartbeat.stop()
     assert [p[2]["metadata"]["annotations"][HEARTBEAT_STEP] for p in client.patches] == ["49", "50"]
+
+
+def test_the_last_renewal_names_the_checkpoint_committed_after_the_last_step() -> None:
+    """The final save commits after the last step was published (saves are asynchronous);
+    stopping a loop's heartbeat publishes that step again with it."""
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    loop = Loop(load_config(["--steps", "50"], {}))
+    loop.context = replace(loop.context, checkpoint_step=40)
+    loop.publish(heartbeat, 50, 0.25)
+    heartbeat.renew_if_due()
+    loop.context = replace(loop.context, checkpoint_step=50)
+    clock.now += 0.1
+    loop.stop_heartbeat(heartbeat)
+    notes = [p[2]["metadata"]["annotations"] for p in client.patches]
+    assert [(n[HEARTBEAT_STEP], n[HEARTBEAT_CHECKPOINT_STEP]) for n in notes] == [
+        ("50", "40"), ("50", "50")]

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,7 @@ class Loop:
         self.stop_requested = threading.Event()
         self.rate = 0.0
         self._rate_window = (time.monotonic(), 0)
+        self._published: Progress | None = None
 
     def on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         """Only async-signal-safe work here; the loop saves and stops after the current step."""
@@ -79,9 +81,23 @@ class Loop:
                 health: Health | None = None) -> None:
         """Hand `step`'s numbers to the heartbeat (worker 0's; None elsewhere)."""
         if heartbeat is not None:
-            heartbeat.progress(Progress(step, self.config.steps, loss, self.rate,
-                                        self.context.checkpoint_step, self.config.attempt,
-                                        health))
+            self._published = Progress(step, self.config.steps, loss, self.rate,
+                                       self.context.checkpoint_step, self.config.attempt,
+                                       health)
+            heartbeat.progress(self._published)
+
+    def stop_heartbeat(self, heartbeat: Heartbeat | None) -> None:
+        """Publish the last step again with the checkpoint committed since, then stop.
+
+        The final save commits after the last step was published (saves are asynchronous),
+        so without this the job's status would name the checkpoint before it.
+        """
+        if heartbeat is None:
+            return
+        last = self._published
+        if last is not None and last.checkpoint_step != self.context.checkpoint_step:
+            heartbeat.progress(replace(last, checkpoint_step=self.context.checkpoint_step))
+        heartbeat.stop()
 
 
 def join(config: TrainerConfig) -> None:

@@ -192,7 +192,6 @@ class TensorFlowTrainer(runtime.Loop):
             if stopping:
                 outcome = ExitCode.PREEMPTED
                 break
-        if heartbeat is not None:
-            heartbeat.stop()
+        self.stop_heartbeat(heartbeat)
         log.info("checkpoint step %s committed", self.context.checkpoint_step)
         return outcome

@@ -112,8 +112,7 @@ class Trainer(runtime.Loop):
             if committed is not None:
                 self.context = replace(self.context, checkpoint_step=committed)
             log.info("checkpoint step %s committed", self.context.checkpoint_step)
-        if heartbeat is not None:
-            heartbeat.stop()
+        self.stop_heartbeat(heartbeat)
         if outcome is ExitCode.OK:
             log.info("done step=%d state_digest=%s", step, model.digest(state))
         return outcome
