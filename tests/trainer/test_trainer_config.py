@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tpujob_trainer.config import Distributed, Framework, load_config, resolve_distributed
+from tpujob_trainer.config import (
+    Distributed,
+    Framework,
+    load_config,
+    load_loop_config,
+    resolve_distributed,
+)
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import TrainerError
 from tpujob_trainer.faults import FaultKind
@@ -97,3 +103,21 @@ def test_env_supplies_defaults_and_flags_override_them() -> None:
     assert (config.attempt, config.collective_timeout_seconds) == (3, 90)
     assert config.allow_cpu_fallback and config.expect_tpu_chips_per_host == 4
     assert config.framework is Framework.TENSORFLOW
+
+
+def test_a_loop_s_own_faults_and_health_interval_join_the_environment_s() -> None:
+    """A job's spec cannot set TPUJOB_ variables, so an SDK loop passes its drill's faults
+    and health interval itself; the environment's faults still apply."""
+    env = {"TPUJOB_FAULTS": "crash@7", "TPUJOB_HEALTH_EVERY_STEPS": "20"}
+    config = load_loop_config(env, steps=50, faults=["slow-input@3", "straggle@1:worker=1"],
+                              health_every=5)
+    assert sorted(f.kind for f in config.faults) == sorted(
+        [FaultKind.CRASH, FaultKind.SLOW_INPUT, FaultKind.STRAGGLE])
+    assert config.health_every == 5
+    assert load_loop_config(env, steps=50).health_every == 20
+
+
+def test_a_loop_s_bad_fault_spec_is_a_config_error() -> None:
+    with pytest.raises(TrainerError) as raised:
+        load_loop_config({}, steps=10, faults=["melt@3"])
+    assert raised.value.exit_code is ExitCode.CONFIG_ERROR

@@ -5,11 +5,14 @@ loop is what a user writes anyway; the lines marked `# tpujob` are all the SDK a
 it as the operator would (`TPUJOB_*`, `JAX_*` env) or alone:
 
     TPUJOB_CHECKPOINT_DIR=/tmp/ckpt python examples/sdk_loop.py --steps 200
+
+`--fault SPEC` (repeatable) injects the reference trainer's faults into it, for drills.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import jax
@@ -41,9 +44,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    # For drills and demos: extra host seconds per step, injected faults (the reference
+    # trainer's specs) and how often the workers' health numbers are gathered.
+    parser.add_argument("--step-time", type=float, default=0.0)
+    parser.add_argument("--fault", action="append", default=[], metavar="SPEC")
+    parser.add_argument("--health-every", type=int, default=None, metavar="STEPS")
     args = parser.parse_args()
     sdk.setup_logging()  # tpujob
-    with sdk.Job.from_env(steps=args.steps, checkpoint_interval=10) as job:  # tpujob
+    with sdk.Job.from_env(steps=args.steps, checkpoint_interval=10,  # tpujob
+                          faults=args.fault, health_every=args.health_every) as job:
         mesh = Mesh(np.array(jax.devices()), ("data",))
         replicated = NamedSharding(mesh, PartitionSpec())
         sharded = NamedSharding(mesh, PartitionSpec("data"))
@@ -73,6 +82,8 @@ def main() -> None:
 
         for step, (x, y) in job.batches(start, global_batch):  # tpujob
             state, loss = train_step(state, x, y)
+            if args.step_time:
+                time.sleep(args.step_time)
             job.step_done(step, loss, state)  # tpujob
 
 

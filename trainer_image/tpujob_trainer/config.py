@@ -237,16 +237,23 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
 
 def load_loop_config(
     env: Mapping[str, str], *, steps: int, checkpoint_interval: int | None = None,
-    log_every: int = 10,
+    log_every: int = 10, faults: Sequence[str] = (), health_every: int | None = None,
 ) -> TrainerConfig:
     """The config of a user's own loop (the SDK): the operator's environment, no flags.
 
     The batch size is the user's business there, so it is set to the process count, which
-    always divides.
+    always divides. `faults` are specs as `--fault` takes them, added to the environment's;
+    they and `health_every` are the loop's own arguments because a job's spec cannot set the
+    operator's `TPUJOB_` variables. An explicit `health_every` wins over the environment's,
+    as an explicit `checkpoint_interval` does.
     """
     distributed = resolve_distributed(env)
     argv = ["--steps", str(steps), "--log-every", str(log_every),
             "--batch-size", str(distributed.num_processes if distributed else 1)]
     if checkpoint_interval is not None:
         argv += ["--checkpoint-interval", str(checkpoint_interval)]
+    for spec in faults:
+        argv += ["--fault", spec]
+    if health_every is not None:
+        env = {**env, ENV_HEALTH_EVERY: str(health_every)}
     return load_config(argv, env)

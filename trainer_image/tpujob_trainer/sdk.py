@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, NoReturn, Self, TypeVar
@@ -44,6 +44,8 @@ from tpujob_trainer.collectives import gather_floats, gather_ints
 from tpujob_trainer.config import TrainerConfig, load_loop_config
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import (
+    FailureContext,
+    TrainerError,
     build_message,
     report_exception,
     write_termination_message,
@@ -113,11 +115,24 @@ class Job(runtime.Loop):
     @classmethod
     def from_env(
         cls, *, steps: int, checkpoint_interval: int | None = None, log_every: int = 10,
-        spike_factor: float | None = None,
+        spike_factor: float | None = None, faults: Sequence[str] = (),
+        health_every: int | None = None,
     ) -> Self:
-        """A job configured by the operator's environment (see `contract` for the names)."""
-        config = load_loop_config(os.environ, steps=steps,
-                                  checkpoint_interval=checkpoint_interval, log_every=log_every)
+        """A job configured by the operator's environment (see `contract` for the names).
+
+        `faults` (fault specs, as the reference trainer's `--fault`) and `health_every` come
+        from the loop's own command line when it has one for them; see `load_loop_config`.
+        """
+        try:
+            config = load_loop_config(os.environ, steps=steps,
+                                      checkpoint_interval=checkpoint_interval,
+                                      log_every=log_every, faults=faults,
+                                      health_every=health_every)
+        except TrainerError as error:
+            # Before any process joined: the contract's message and code, as a bad flag of the
+            # reference trainer gives.
+            code = report_exception(error, FailureContext())
+            sys.exit(int(code))
         return cls(config, guard=LossGuard(spike_factor=spike_factor))
 
     def __enter__(self) -> Self:
@@ -247,8 +262,7 @@ class Job(runtime.Loop):
             if committed is not None:
                 self.context = replace(self.context, checkpoint_step=committed)
             log.info("checkpoint step %s committed", self.context.checkpoint_step)
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        self.stop_heartbeat(self._heartbeat)
 
     def _fail(self, error: BaseException) -> NoReturn:
         """The failure contract: message, stderr, and an exit that skips JAX's barriers."""
