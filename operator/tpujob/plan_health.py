@@ -22,6 +22,7 @@ from tpujob.training_health import (
     assess,
     next_memory_samples,
     parse_health,
+    quantity_bytes,
 )
 
 CONDITION_OF = {
@@ -55,7 +56,10 @@ def watch_training_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...]
         draft.update(current_attempt=current.model_copy(update={"memory_samples": tuple(
             MemorySampleStatus(time=round(s.time_seconds, 3), rss_bytes=s.max_rss_bytes,
                                step=s.step) for s in samples)}))
-    verdicts = assess(report, memory_samples=samples, memory_limit_bytes=None, now_seconds=now,
+    resources = job.spec.trainer.resources
+    # The spec's memory is each worker's request and limit: what the OOM kill is projected to.
+    limit = quantity_bytes(resources.memory) if resources is not None else None
+    verdicts = assess(report, memory_samples=samples, memory_limit_bytes=limit, now_seconds=now,
                       pods_by_process={p.slice * hosts + p.worker: (p.name, p.node or "")
                                        for p in pods})
     for check in sorted(verdicts.assessed):

@@ -14,6 +14,7 @@ caller keeps a condition as it is when a check had none rather than clearing it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import statistics
@@ -101,6 +102,10 @@ class HealthSettings:
     # loading, compilation caches) over a minute or two is not read as a leak.
     memory_min_samples: int = 4
     memory_min_span_seconds: float = 600.0
+    # A leak that reaches the limit sooner than that span would be killed before it could be
+    # warned of. Such growth is judged over a shorter span (at least this long) when every
+    # sample is above the one before it: a ramp that levelled off is not steady growth.
+    memory_urgent_min_span_seconds: float = 60.0
     # The sample history: at most this many, at least this far apart, none older than the
     # window; an RSS falling by more than this fraction is a restarted process.
     memory_max_samples: int = 30
@@ -320,21 +325,31 @@ MEMORY_RULES: tuple[tuple[HealthReason, Callable[[_Fit], str | None]], ...] = (
 MEMORY_DEFAULT: Finding | None = None
 
 
+def _urgent(samples: Sequence[MemorySample], fit: _Fit) -> bool:
+    """Whether growth seen for less than the usual span cannot wait for it: steady (every
+    sample above the one before) and projected to reach the limit within that span."""
+    steady = all(b.max_rss_bytes > a.max_rss_bytes for a, b in itertools.pairwise(samples))
+    return steady and fit.limit is not None and fit.slope > 0 and \
+        (fit.limit - fit.now_bytes) / fit.slope < fit.settings.memory_min_span_seconds
+
+
 def _memory(x: _Inputs) -> _Outcome:
     s = x.settings
-    samples = [m for m in x.samples if math.isfinite(m.time_seconds) and
-               0 <= m.max_rss_bytes <= MAX_RSS_BYTES and
-               x.now - s.memory_window_seconds <= m.time_seconds <= x.now]
+    samples = sorted(m for m in x.samples if math.isfinite(m.time_seconds) and
+                     0 <= m.max_rss_bytes <= MAX_RSS_BYTES and
+                     x.now - s.memory_window_seconds <= m.time_seconds <= x.now)
     times = [m.time_seconds for m in samples]
     if len(samples) < s.memory_min_samples or \
-            max(times) - min(times) < s.memory_min_span_seconds:
+            max(times) - min(times) < s.memory_urgent_min_span_seconds:
         return None
     slope, intercept = statistics.linear_regression(times, [m.max_rss_bytes for m in samples])
+    fit = _Fit(slope, intercept + slope * x.now, x.limit, s)
+    if max(times) - min(times) < s.memory_min_span_seconds and not _urgent(samples, fit):
+        return None
     # Growth needs a positive slope and a last sample above the first, so noise around a
     # flat line does not count.
     if not slope > 0 or samples[-1].max_rss_bytes <= samples[0].max_rss_bytes:
         return (MEMORY_DEFAULT,)
-    fit = _Fit(slope, intercept + slope * x.now, x.limit, s)
     for reason, rule in MEMORY_RULES:
         message = rule(fit)
         if message is not None:
@@ -348,6 +363,23 @@ CHECKS: tuple[tuple[HealthCheck, Callable[[_Inputs], _Outcome]], ...] = (
     (HealthCheck.STRAGGLER, _straggler),
     (HealthCheck.HOST_MEMORY_GROWING, _memory),
 )
+
+
+_QUANTITY = re.compile(r"([0-9]{1,15})(\.[0-9]{1,9})?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+          "E": 10**18, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+          "Pi": 1 << 50, "Ei": 1 << 60}
+
+
+def quantity_bytes(quantity: str | None) -> int | None:
+    """Bytes of a memory quantity as Kubernetes writes them (`512Mi`, `4G`, `1.5Gi`, `1000`);
+    None for anything else (the API admits no other spelling of memory worth reading)."""
+    match = _QUANTITY.fullmatch(quantity) if isinstance(quantity, str) else None
+    if match is None:
+        return None
+    whole, fraction, unit = match.groups()
+    number = float(f"{whole}{fraction or ''}") if fraction else int(whole)
+    return int(number * _UNITS[unit])
 
 
 def assess(report: HealthReport | None, *, pods_by_process: Mapping[int, tuple[str, str]],

@@ -15,6 +15,7 @@ from tpujob.training_health import (
     assess,
     next_memory_samples,
     parse_health,
+    quantity_bytes,
 )
 
 GOOD = {
@@ -200,10 +201,50 @@ def test_host_memory_growth_is_fitted_and_projected_to_the_limit(
 ], ids=["few", "short", "stale", "no clock"])
 def test_memory_without_enough_samples_is_no_evidence(
         samples: tuple[MemorySample, ...], now: float) -> None:
+    # The limit is hours away, so growth over a short span has to wait for the usual span.
     verdicts = assess(None, pods_by_process=PODS, memory_samples=samples,
-                      memory_limit_bytes=1100 * MIB, now_seconds=now)
+                      memory_limit_bytes=16 << 30, now_seconds=now)
     assert verdicts.host_memory_growing is None
     assert HealthCheck.HOST_MEMORY_GROWING not in verdicts.assessed
+
+
+URGENT = {
+    # 480 MiB/min from 512 MiB: 1232 MiB at 90 s, 300 MiB (about 40 s) left.
+    "steady growth that will not last the usual span warns at once": (
+        growing(480, start_mib=512, times=(0, 30, 60, 90)), 1536 * MIB,
+        HealthReason.TOWARDS_LIMIT, "limit of 1536 MiB in about 1 min"),
+    "a ramp that levelled off waits for the usual span": (
+        tuple(MemorySample(t, m * MIB) for t, m in ((0, 512), (30, 1000), (60, 1300),
+                                                     (90, 1300))), 1536 * MIB, None, ""),
+    "no limit: nothing to be killed by sooner, so the usual span": (
+        growing(480, start_mib=512, times=(0, 30, 60, 90)), None, None, ""),
+    "under a minute is too short even for a fast leak": (
+        growing(480, start_mib=512, times=(0, 15, 30, 45)), 1536 * MIB, None, ""),
+}
+
+
+@pytest.mark.parametrize(("samples", "limit", "reason", "says"), URGENT.values(),
+                         ids=URGENT.keys())
+def test_a_leak_faster_than_the_usual_span_is_warned_of_before_its_oom_kill(
+        samples: tuple[MemorySample, ...], limit: int | None, reason: HealthReason | None,
+        says: str) -> None:
+    now = samples[-1].time_seconds
+    verdicts = assess(None, pods_by_process=PODS, memory_samples=samples,
+                      memory_limit_bytes=limit, now_seconds=now)
+    finding = verdicts.host_memory_growing
+    assert (finding.reason if finding else None) is reason
+    assert says in (finding.message if finding else "")
+    if reason is None:
+        assert HealthCheck.HOST_MEMORY_GROWING not in verdicts.assessed
+
+
+@pytest.mark.parametrize(("quantity", "expected"), [
+    ("1536Mi", 1536 * MIB), ("2Gi", 2 << 30), ("4G", 4 * 10**9), ("1.5Gi", 3 << 29),
+    ("1000", 1000), ("129M", 129 * 10**6), (None, None), ("", None), ("-1Gi", None),
+    ("1Gb", None), ("500m", None),
+], ids=repr)
+def test_memory_quantities_read_as_bytes(quantity: str | None, expected: int | None) -> None:
+    assert quantity_bytes(quantity) == expected
 
 
 def rss(step: int | None, mib: int) -> HealthReport:

@@ -75,3 +75,23 @@ def test_a_host_oom_that_memory_growth_predicted_is_a_leak_and_fatal_when_it_rep
     assert second.status.phase is Phase.FAILED
     assert second.status.last_failure is not None
     assert "leaks" in second.status.last_failure.summary
+
+
+def test_memory_growth_is_projected_to_the_spec_s_memory_limit() -> None:
+    """The spec's trainer memory is the limit the OOM kill comes at; steady growth that will
+    reach it within minutes is warned of with the time left."""
+    mib = 1 << 20
+    samples = [{"time": t, "rssBytes": m * mib, "step": s}
+               for t, m, s in ((0, 500, 10), (30, 600, 20), (60, 700, 30))]
+    status = running_status(startTime="2026-01-01T12:00:00Z")
+    status["currentAttempt"]["memorySamples"] = samples
+    job = job_body(status=status)
+    job["spec"]["trainer"]["resources"] = {"memory": "1536Mi"}
+    beat = health_beat(**{contract.HEARTBEAT_WORKER_RSS_BYTES: f"{830 * mib},{400 * mib}"})
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    result = plan(observed(job, pods, heartbeat=beat), now=at(105))
+    found = condition(result, "HostMemoryGrowing")
+    assert found is not None and found.status == ConditionStatus.TRUE, result.status.conditions
+    assert found.reason == "GrowingTowardsLimit"
+    assert "limit of 1536 MiB" in (found.message or "")
+    assert not result.delete_pods
