@@ -24,10 +24,13 @@ from tpujob.api import GROUP, PLURAL, VERSION
 # Tuned for a small, loaded machine: peers notice a dead worker within seconds, pods stuck on a
 # lost node are freed after a few seconds. It serves the tests' own namespaces (test-*) only, so
 # the operator the chart test installs in-cluster never competes with it.
+# Tests wait for a trainer to reach a step before they strike, so progress reaches the status
+# every 2 s here (users get the default, 15 s).
 OPERATOR_ARGS = ("--namespace", "test-*", "--metrics-port", "0",
                  "--liveness-address", "127.0.0.1",
                  "--collective-timeout", "15",
-                 "--force-delete-after", "3", "--restart-grace", "3")
+                 "--force-delete-after", "3", "--restart-grace", "3",
+                 "--progress-interval", "2")
 
 
 def free_port() -> int:

@@ -237,9 +237,20 @@ def lease_write_refusal(cluster: LocalCluster, operator: Operator, namespace: st
 def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespaces(
         cluster: LocalCluster, everywhere: Operator, other_namespace: str,
         system_namespace: str) -> None:
-    refusal = wait_for(lambda: lease_write_refusal(cluster, everywhere, system_namespace),
-                       timeout=30, what=f"the policy to refuse a Lease in {system_namespace}")
-    assert "may not write Leases in system namespaces" in refusal
+    # RBAC refuses first: the operator holds Lease writes only where it bound them.
+    assert "forbidden" in lease_write_refusal(cluster, everywhere, system_namespace)
+    # Bound there anyway (by mistake, or by a compromised operator: it may bind that role in
+    # any namespace), the policy still refuses.
+    bind_lease_writer(cluster, everywhere, system_namespace)
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    try:
+        refusal = wait_for(
+            lambda: "system namespaces" in (found := lease_write_refusal(
+                cluster, everywhere, system_namespace)) and found,
+            timeout=30, what=f"the policy to refuse a Lease in {system_namespace}")
+        assert "may not write Leases in system namespaces" in refusal
+    finally:
+        rbac.delete_namespaced_role_binding("tpujob-operator-leases", system_namespace)
     bind_lease_writer(cluster, everywhere, other_namespace)
     wait_for(lambda: lease_write_refusal(cluster, everywhere, other_namespace) == "",
              timeout=30, what=f"a Lease write allowed in {other_namespace}")
