@@ -72,8 +72,9 @@ class Demo:
         self.run_tool("helm", "install", "tpujob", str(CHART), "--namespace", "tpujob-system",
                       "--create-namespace", "--wait", "--timeout", "120s",
                       "--set", f"hostPathPrefixes={{{self.state_dir / 'checkpoints'}}}",
+                      # A live progress bar: progress reaches the status every 2 s.
                       "--set", "operator.extraArgs={--collective-timeout=15,"
-                               "--force-delete-after=3}")
+                               "--force-delete-after=3,--progress-interval=2}")
         say("[bold]3. job[/bold]: kubectl apply -f examples/cpu-local.yaml")
         # Checkpoints go under the demo's state dir, so a second demo starts from step 0 and
         # teardown removes them.
