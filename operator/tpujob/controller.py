@@ -38,7 +38,7 @@ from tpujob.plan import EventSpec, Plan
 from tpujob.planning import plan
 from tpujob.wakeups import JobKey, Shape
 
-__all__ = ["Deps", "reconcile", "refresh_catalogue"]
+__all__ = ["Deps", "reconcile", "refresh_catalogue", "release_pools"]
 
 log = logging.getLogger("tpujob.controller")
 INVALID_SPEC_RETRY_SECONDS = 300.0
@@ -91,7 +91,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     cached = await deps.read(reads, reads.job_body, namespace, name)
     body = _fresher(deps, key, cached)
     if body is None:
-        _let_go(deps, key, deps.claim(key, None))
+        _let_go(deps, deps.claim(key, None))
         deps.forget(key)
         return None
     try:
@@ -126,7 +126,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         _tell(deps, namespace, name, result)
         return await _report_refused(deps, written, err)
     _tell(deps, namespace, name, result)
-    _let_go(deps, key, released, observed.job.spec.tpu.accelerator,
+    _let_go(deps, released, observed.job.spec.tpu.accelerator,
             observed.job.spec.tpu.topology)
     deps.wakes.settled(key, finished=result.status.phase in (Phase.SUCCEEDED, Phase.FAILED),
                        waiting_for=_waiting_for(result, observed))
@@ -181,7 +181,7 @@ def _waiting_for(result: Plan, observed: Observed) -> Shape | None:
     return (observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
 
 
-def _let_go(deps: Deps, key: JobKey, pools: list[str], accelerator: str | None = None,
+def _let_go(deps: Deps, pools: list[str], accelerator: str | None = None,
             topology: str | None = None) -> None:
     """Pools a job no longer claims: wake a waiting job for each that no pod still holds."""
     view = deps.view
@@ -190,6 +190,13 @@ def _let_go(deps: Deps, key: JobKey, pools: list[str], accelerator: str | None =
     free = [p for p in pools if not view.pool_holders(p)]
     if free:
         deps.wakes.pool_freed((accelerator, topology), at=time.monotonic(), count=len(free))
+
+
+def release_pools(deps: Deps, pools: list[str], tpu: Any) -> None:
+    """`_let_go` for a job whose daemon stopped; `tpu` is its spec.tpu as the watch shows it."""
+    accelerator, topology = tpu.get("accelerator"), tpu.get("topology")
+    _let_go(deps, pools, str(accelerator) if accelerator else None,
+            str(topology) if topology else None)
 
 
 async def _tails(deps: Deps, namespace: str,
@@ -213,14 +220,15 @@ class PodsRefusedError(Exception):
         self.cause = cause
 
 
-def _create_all(deps: Deps, objects: tuple[dict[str, Any], ...]) -> None:
+def _create_all(deps: Deps, objects: tuple[dict[str, Any], ...], job_uid: str) -> None:
     for obj in objects:
         meta = obj["metadata"]
         what = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
         if deps.recent.fresh(what):
             continue  # created moments ago; the watch has not shown it yet
         try:
-            deps.writer.create(obj)
+            if not deps.writer.create(obj) and obj["kind"] == "Pod":
+                _check_owner(deps, meta["namespace"], meta["name"], job_uid)
             deps.recent.note(what)
         except (ForbiddenError, InvalidError) as err:
             raise PodsRefusedError(obj["metadata"]["name"], err) from err
@@ -228,6 +236,18 @@ def _create_all(deps: Deps, objects: tuple[dict[str, Any], ...]) -> None:
             if err.status != 400:  # an admission webhook's denial
                 raise
             raise PodsRefusedError(obj["metadata"]["name"], err) from err
+
+
+def _check_owner(deps: Deps, namespace: str, pod: str, job_uid: str) -> None:
+    """A pod of the name this job needs exists: fine if it is this job's, otherwise the job
+    cannot start until it goes, and the status says so (never a silent wait)."""
+    owners = deps.writer.pod_owner_uids(namespace, pod)
+    if owners and job_uid in owners:
+        return
+    raise PodsRefusedError(pod, KubeError(
+        409, "AlreadyExists", "a pod of this name exists and is not this job's (left by an "
+        "earlier job of the same name, e.g. deleted with --cascade=orphan?): delete it and "
+        "the job starts"))
 
 
 async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedError) -> float:
@@ -266,7 +286,7 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
             except ForbiddenError as err:  # no Lease rights here: say so, as for a pod
                 raise PodsRefusedError(lease["metadata"]["name"], err) from err
             deps.recent.note(fenced)
-    _create_all(deps, result.create)
+    _create_all(deps, result.create, str(meta.get("uid") or ""))
     for mark in result.mark_nodes:
         deps.writer.mark_node(mark, name)
     if result.delete_job:

@@ -24,7 +24,7 @@ import kopf
 
 from tpujob import labels
 from tpujob.api import GROUP, PLURAL, VERSION
-from tpujob.controller import Deps, reconcile, refresh_catalogue
+from tpujob.controller import Deps, reconcile, refresh_catalogue, release_pools
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.ledger_store import load_ledger
@@ -58,6 +58,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 30
         settings.persistence.finalizer = f"{GROUP}/operator"
+        # One line per watch event of every pod, node and Lease is noise at scale (and CPU):
+        # kopf's own per-handler lines only when something went wrong.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     @kopf.on.startup(registry=registry)
     async def start_ledger(memo: Any, **_: Any) -> None:
@@ -87,7 +90,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
     async def run_job(*, name: str, namespace: str | None, stopped: kopf.DaemonStopped,
-                      memo: Any, logger: kopf.Logger, **_: Any) -> None:
+                      memo: Any, logger: kopf.Logger, spec: kopf.Spec, **_: Any) -> None:
         assert isinstance(memo, Deps) and namespace is not None
         key = (namespace, name)
         wake = memo.wakes.waker(key)
@@ -114,7 +117,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), timeout=delay)
         finally:
+            # Deleted, or this replica stops serving it: let its pools go (a replica that
+            # takes over rebuilds the claim from the job's recorded placement).
+            released = memo.claim(key, None)
             memo.wakes.forget(key)
+            release_pools(memo, released, spec.get("tpu") or {})
 
     @kopf.on.event("", "v1", "pods", labels={labels.JOB: kopf.PRESENT}, registry=registry)
     async def pod_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Any,

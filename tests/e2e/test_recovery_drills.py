@@ -7,7 +7,7 @@ deleted and re-applied while its old pods linger, kube-apiserver stopped while j
 node whose kubelet goes silent while its trainer keeps training. The drills run under an
 operator of their own, in namespaces of their own (`drill-*`), so its flags (a short
 node-not-ready grace) are theirs alone; the silent-kubelet drill needs single-host slices and
-gets a second local cluster with such pools. A drill marked xfail names the defect it shows.
+gets a second local cluster with such pools.
 """
 
 from __future__ import annotations
@@ -238,13 +238,7 @@ def test_job_reapplied_while_old_pods_linger_trains_from_scratch_on_its_own_pods
     assert "resumed from step" not in log
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pods and the heartbeat Lease are named by job name and attempt only: the orphaned pods of "
-    "the deleted incarnation keep the names the new one needs (the create's 409 is taken as "
-    "'exists', so it waits without a word, forever), and they beat and pass fencing on the "
-    "Lease as attempt 1 of the new job (manifests.pod_name/lease_name, kube.apply.Writer.create, "
-    "the trainer's fencing token)"))
-def test_job_reapplied_after_an_orphaning_delete_trains_on_its_own_pods(
+def test_job_reapplied_after_an_orphaning_delete_says_why_it_waits_then_trains_on_its_own_pods(
         cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
         drill_operator: OperatorProcess, tmp_path: Path) -> None:
     first = Run(cluster, drill_namespace, drill_operator, training_job(
@@ -259,16 +253,30 @@ def test_job_reapplied_after_an_orphaning_delete_trains_on_its_own_pods(
         "orphan", tmp_path / "second", steps=30))
     uid = second.custom.get_namespaced_custom_object(GROUP, VERSION, drill_namespace, PLURAL,
                                                      "orphan")["metadata"]["uid"]
+    # The orphans hold the names the new job needs: it says so instead of waiting in silence,
+    # and never counts them as its own.
+    status = second.wait(lambda s: any(
+        c["type"] == "PodsRefused" and c["status"] == "True" and "not this job's" in
+        c.get("message", "") for c in s.get("conditions", [])), "PodsRefused naming the orphans",
+        timeout=60)
+    assert status.get("phase") != "Succeeded"
+    orphans = [p.metadata.name for p in second.pods()
+               if not any(r.uid == uid for r in p.metadata.owner_references or [])]
+    assert orphans
+    for name in orphans:
+        core.delete_namespaced_pod(name, drill_namespace, grace_period_seconds=0)
 
     def own_pods_run(_: dict[str, Any]) -> bool:
         pods = [p for p in second.pods()
                 if any(r.uid == uid for r in p.metadata.owner_references or [])]
-        return len(pods) == 2 and all(p.status.phase == "Running" for p in pods)
+        return len(pods) == 2 and all(p.status.phase in ("Running", "Succeeded") for p in pods)
 
-    second.wait(own_pods_run, "the new job's own pods running", timeout=60)
+    second.wait(own_pods_run, "the new job's own pods running", timeout=120)
     status = finished(second)
     assert status["phase"] == "Succeeded", status
-    assert status["currentAttempt"]["resumedStep"] < 10
+    assert status["restarts"]["total"] == 0, status.get("timeline")
+    log = core.read_namespaced_pod_log("orphan-1-0-0", drill_namespace)
+    assert "resumed from step" not in log  # its own, empty checkpoint directory: from scratch
 
 
 def _job_gone(run: Run) -> bool:
@@ -279,15 +287,6 @@ def _job_gone(run: Run) -> bool:
     return False
 
 
-# Not strict: the defect shows only when the operator's first reconcile after the outage comes
-# before the trainers' first renewal, which is most runs but not all (both follow the API's
-# return within seconds); a strict mark would make the suite flaky instead of this drill.
-@pytest.mark.xfail(strict=False, reason=(
-    "the operator's shell does not record when the API server came back: "
-    "Observed.api_reachable_since stays None in controller.reconcile, so a reconcile after the "
-    "outage that comes before the trainers' next renewal sees every heartbeat as old as the "
-    "outage and restarts the job as a HANG (failure_facts._stalled discounts the outage once "
-    "the shell fills the field)"))
 @pytest.mark.usefixtures("healthy_nodes")
 def test_apiserver_outage_leaves_training_jobs_untouched(
         cluster: LocalCluster, core: client.CoreV1Api, drill_operator: OperatorProcess,

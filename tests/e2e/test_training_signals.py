@@ -113,10 +113,6 @@ def test_nan_rolls_back_past_its_window_and_the_job_succeeds(
     assert "Resumed" in timeline_kinds(status)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the second NaN at the same step is escalated to DETERMINISTIC_REPEAT (fatal) by "
-    "diagnosis.cascade.apply_history before the recovery policy counts rollbacks, so the job "
-    "fails after one rollback whatever maxNanRollbacks says"))
 def test_nan_at_every_attempt_fails_with_advice_after_the_allowed_rollbacks(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
     allowed = 2

@@ -91,6 +91,12 @@ def _escalate(
     )
 
 
+# Failures with a recovery budget of their own: a non-finite loss rolls back and skips its
+# data window at most spec.recovery.maxNanRollbacks times, then fails with advice; the repeat
+# guard must not end it sooner.
+OWN_BUDGET_CODES = frozenset({FailureCode.NAN_LOSS})
+
+
 def apply_history(
     diagnosis: Diagnosis,
     history: Sequence[f.PriorFailure],
@@ -101,6 +107,8 @@ def apply_history(
     """Escalate a diagnosis that the job's earlier failures show to be deterministic."""
     if not history or not diagnosis.failure_class.retrying:
         return diagnosis
+    if diagnosis.code in OWN_BUDGET_CODES:
+        return diagnosis  # a rollback past the window is expected to meet the same step again
     last = history[-1]
     if (
         diagnosis.code not in EXTERNAL_CODES

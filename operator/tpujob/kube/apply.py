@@ -61,6 +61,14 @@ class Writer:
             return False
         return True
 
+    def pod_owner_uids(self, namespace: str, name: str) -> frozenset[str]:
+        """The ownerReference uids of an existing pod (empty when it has none or is gone)."""
+        try:
+            found = call(self.core.read_namespaced_pod, name, namespace)
+        except NotFoundError:
+            return frozenset()
+        return frozenset(str(r.uid) for r in found.metadata.owner_references or [])
+
     def fence(self, lease: dict[str, Any], attempt: int) -> None:
         """Write `attempt` as the fencing token on the heartbeat Lease (creating it if needed).
 
@@ -86,9 +94,12 @@ class Writer:
         patch: dict[str, Any] = {"annotations": token,
                                  "resourceVersion": current.metadata.resource_version}
         if not ours & theirs:
-            # A Lease left by an earlier job of the same name, not yet garbage-collected: its
-            # token counts that job's attempts. Take it over, token and owner both.
+            # A Lease left by an earlier job of the same name, not yet garbage-collected (or
+            # orphaned): its token counts that job's attempts and its heartbeat that job's
+            # steps. Take it over, token and owner both, and clear the old heartbeat.
             patch["ownerReferences"] = meta.get("ownerReferences")
+            stale = {k: None for k in notes if k != contract.LEASE_FENCE_ANNOTATION}
+            patch["annotations"] = {**stale, **token}
         elif held.isdigit() and int(held) >= attempt:
             return
         # The resourceVersion makes a concurrent fence from another replica a Conflict.

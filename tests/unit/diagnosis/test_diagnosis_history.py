@@ -105,3 +105,13 @@ def test_node_name_from_node_facts_counts_for_device_busy() -> None:
     history = [PriorFailure(signature="x", code="DEVICE_BUSY", node_name="n7")]
     diagnosis = diagnose_job(JobFacts(workers=(worker,)), history=history)
     assert diagnosis.failure_class is FailureClass.HARD
+
+
+def test_a_non_finite_loss_at_the_same_step_again_keeps_its_own_rollback_budget() -> None:
+    # The rollback resumes before the NaN and meets the same step again; how many times that
+    # may happen is spec.recovery.maxNanRollbacks, not the repeat guard.
+    facts = job("FloatingPointError: non-finite loss (nan) at step 120", step=120, exit_code=24)
+    first = diagnose_job(facts)
+    assert first.code is FailureCode.NAN_LOSS
+    diagnosis = diagnose_job(facts, history=[previous(facts)])
+    assert diagnosis.code is FailureCode.NAN_LOSS

@@ -68,6 +68,8 @@ class RecordingWriter:
         self.fail = fail or {}
         self.statuses: list[dict[str, Any]] = []
         self.configs: dict[tuple[str, str], dict[str, str]] = {}
+        # Pods that exist already, by name -> their owner uids (a create of one finds it).
+        self.existing_pods: dict[str, frozenset[str]] = {}
         # Return the written body with the next resourceVersion, as the apiserver does.
         self.bump_version = False
 
@@ -91,7 +93,10 @@ class RecordingWriter:
         self._record("create", f"{obj['kind']}/{obj['metadata']['name']}")
         if obj["kind"] == "Pod" and "create-pod" in self.fail:
             raise self.fail["create-pod"]
-        return True
+        return obj["metadata"]["name"] not in self.existing_pods
+
+    def pod_owner_uids(self, namespace: str, name: str) -> frozenset[str]:
+        return self.existing_pods.get(name, frozenset())
 
     def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
         self._record("delete", deletion.name)

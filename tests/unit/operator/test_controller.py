@@ -372,3 +372,19 @@ def test_a_lease_the_api_refuses_shows_why_like_a_refused_pod() -> None:
     assert delay == REFUSED_RETRY_SECONDS
     refused = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PodsRefused")
     assert "leases is forbidden" in refused["message"]
+
+
+@pytest.mark.parametrize(("owners", "refused"), [
+    (frozenset({"job-uid"}), False), (frozenset({"old-job-uid"}), True), (frozenset(), True)],
+    ids=["its-own", "an-earlier-incarnations", "orphaned"])
+def test_a_pod_name_taken_by_a_pod_that_is_not_the_jobs_is_shown_not_waited_on(
+        owners: frozenset[str], refused: bool) -> None:
+    writer = RecordingWriter()
+    writer.existing_pods = {"train-2-0-0": owners}
+    run(FakeReader([], body=launching_job()), writer)
+    condition = [c for c in writer.statuses[-1]["conditions"] if c["type"] == "PodsRefused"]
+    if refused:
+        assert condition and "train-2-0-0" in condition[0]["message"]
+        assert "not this job's" in condition[0]["message"]
+    else:
+        assert not condition or condition[0]["status"] == "False"

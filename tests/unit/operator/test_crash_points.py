@@ -86,6 +86,10 @@ class SimWriter:
         self.sim.pods[name] = created
         return True
 
+    def pod_owner_uids(self, namespace: str, name: str) -> frozenset[str]:
+        found = self.sim.pods.get(name, {})
+        return frozenset(r["uid"] for r in found.get("metadata", {}).get("ownerReferences", []))
+
     def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
         self._effect()
         found = self.sim.pods.get(deletion.name)

@@ -21,3 +21,26 @@ def test_the_cache_is_attached_from_exactly_the_registered_indexes() -> None:
     assert deps.view is not None
     assert {id(index) for index in vars(deps.view).values() if isinstance(index, dict)} == \
         {id(index) for index in indexes.values()}
+
+
+def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() -> None:
+    import asyncio
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    daemon = next(h for h in registry._spawning.get_all_handlers() if h.id.endswith("run_job"))
+    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+    deps.view = FakeReader([])
+    deps.pool_claims.update({"pool-0": ("team", "deleted"), "pool-1": ("team", "other")})
+    shape = ("tpu-v4-podslice", "2x2x2")
+
+    async def stop_a_deleted_job() -> bool:
+        waiting = deps.wakes.waker(("team", "waiting"))
+        deps.wakes.settled(("team", "waiting"), finished=False, waiting_for=shape)
+        await daemon.fn(name="deleted", namespace="team", stopped=True, memo=deps,
+                        logger=None, spec={"tpu": {"accelerator": shape[0],
+                                                   "topology": shape[1]}})
+        return waiting.is_set()
+
+    assert asyncio.run(stop_a_deleted_job())
+    assert deps.pool_claims == {"pool-1": ("team", "other")}
