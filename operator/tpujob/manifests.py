@@ -131,6 +131,10 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         requests = trainer.resources.model_dump(by_alias=True, exclude_none=True)
         if requests:
             resources["requests"] = {k: str(v) for k, v in requests.items()}
+        if "memory" in requests:
+            # The host memory the trainer may use: past it the kernel kills it (OOMKilled),
+            # which the operator grades (a leak it warned of is a leak, not a soft failure).
+            resources.setdefault("limits", {})["memory"] = str(requests["memory"])
     container: dict[str, Any] = {
         "name": "trainer", "image": trainer.image,
         "env": trainer_env(job, settings, slice_index, worker),

@@ -202,10 +202,6 @@ def test_a_leak_is_warned_of_with_the_time_left_to_the_memory_limit(
     assert (final["attempt"], final["restarts"]["total"]) == (1, 0), final.get("lastFailure")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "no OOM kill can happen on the local cluster: trainer pods get spec.trainer.resources."
-    "memory as a request only (manifests.trainer_pod sets no limits.memory), and the local "
-    "node agent enforces no memory limit"))
 def test_an_oom_kill_that_the_warning_predicted_is_graded_as_a_leak(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
     body = sdk_job("oomleak", tmp_path, steps=400, step_time=2.0, health_every=2,

@@ -99,3 +99,29 @@ def test_unhealthy_tpu_node_reports_zero_allocatable_and_only_standard_condition
     # The device plugin's verdict shows as allocatable, as on GKE; no invented condition.
     assert {c["type"] for c in status["conditions"]} <= {
         "Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"}
+
+
+@pytest.mark.parametrize(("limit_mib", "oom"), [(64, True), (1024, False)], ids=["over", "under"])
+def test_a_container_over_its_memory_limit_is_killed_as_oomkilled(
+        tmp_path: Path, limit_mib: int, oom: bool) -> None:
+    import sys
+    import time
+
+    c = ContainerRuntime(name="main", image="img", directory=tmp_path / "c",
+                         memory_limit=limit_mib << 20)
+    # A child holds 200 MiB: the limit counts the whole process tree, as a cgroup does.
+    hog = ("import subprocess,sys; subprocess.run([sys.executable, '-c', "
+           "'import time; b = bytearray(200 << 20); time.sleep(30)'], timeout=60)")
+    c.start([sys.executable, "-c", hog], {}, now=0.0)
+    deadline = time.monotonic() + 20
+    while c.terminated is None and time.monotonic() < deadline:
+        c.poll(now=1.0)
+        time.sleep(0.2)
+        if not oom and time.monotonic() > deadline - 15:
+            break
+    if oom:
+        assert c.terminated is not None
+        assert (c.terminated.reason, c.terminated.exit_code) == ("OOMKilled", 137)
+    else:
+        assert c.terminated is None
+        c.kill_all()

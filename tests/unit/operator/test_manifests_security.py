@@ -150,3 +150,11 @@ HOSTPATH_CASES = [
 def test_host_path_is_allowed_only_under_a_configured_prefix(
         path: str, prefixes: list[str], allowed: bool) -> None:
     assert pod_security.hostpath_allowed(path, prefixes) is allowed
+
+
+def test_the_trainers_memory_is_its_request_and_its_limit() -> None:
+    pod = pod_of(trainer={**trainer(), "resources": {"cpu": "2", "memory": "3Gi"}})
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "2", "memory": "3Gi"}
+    assert resources["limits"]["memory"] == "3Gi"
+    assert "cpu" not in resources["limits"]  # a CPU limit throttles the input pipeline

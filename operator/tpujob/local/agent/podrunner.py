@@ -18,6 +18,7 @@ from tpujob.local import network
 from tpujob.local.agent import claims, sandbox
 from tpujob.local.agent.lookups import ApiLookups
 from tpujob.local.agent.runtime import ContainerRuntime, PodRuntime
+from tpujob.training_health import quantity_bytes
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 
@@ -58,7 +59,9 @@ class PodRunner:
             rt.containers.append(ContainerRuntime(
                 name=c["name"], image=c.get("image", ""),
                 directory=rt.directory / "containers" / c["name"],
-                termination_policy=c.get("terminationMessagePolicy", "File")))
+                termination_policy=c.get("terminationMessagePolicy", "File"),
+                memory_limit=quantity_bytes(((c.get("resources") or {}).get("limits") or {})
+                                            .get("memory"))))
         rt.ip_index = self._allocate()
         rt.ip = self.net.pod_address(rt.ip_index)
         rt.netns = network.create_pod_network(self.net, rt.uid, rt.ip)

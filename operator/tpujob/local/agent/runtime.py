@@ -69,6 +69,10 @@ class ContainerRuntime:
     last_terminated: Terminated | None = None
     waiting_reason: str | None = "ContainerCreating"
     next_start_at: float = 0.0
+    # resources.limits.memory in bytes: over it the container is killed as the kernel's OOM
+    # killer would under the kubelet's cgroup (SIGKILL, reason OOMKilled).
+    memory_limit: int | None = None
+    oom_killed: bool = False
 
     @property
     def log_path(self) -> Path:
@@ -121,10 +125,19 @@ class ContainerRuntime:
                                      None, now)
         self.waiting_reason = None
 
+    def enforce_memory_limit(self) -> None:
+        """Kill the container when its processes together hold more than its memory limit."""
+        if self.memory_limit is None or self.proc is None or self.terminated is not None:
+            return
+        if tree_rss_bytes(self.proc.pid) > self.memory_limit:
+            self.oom_killed = True
+            self.kill_all()
+
     def poll(self, *, now: float) -> bool:
         """Reap the process if it exited; True when the container just terminated."""
         if self.proc is None or self.terminated is not None:
             return False
+        self.enforce_memory_limit()
         code = self.proc.poll()
         if code is None:
             return False
@@ -137,10 +150,25 @@ class ContainerRuntime:
         sig = -code if code < 0 else (code - 128 if code > 128 else None)
         exit_code = 128 + (-code) if code < 0 else code
         reason = "Completed" if exit_code == 0 else "Error"
+        if self.oom_killed:
+            reason, self.oom_killed = "OOMKilled", False
         message = _read_limited(self.termination_file)
         if not message and exit_code != 0 and self.termination_policy == "FallbackToLogsOnError":
             message = log_tail(self.log_path)
         return Terminated(exit_code, reason, message, self.started_at, now, sig)
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of `root` and all its descendants (0 for what has gone meanwhile)."""
+    total, todo, page = 0, [root], os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        with contextlib.suppress(OSError, ValueError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return total
 
 
 def container_main_pid(wrapper: int) -> int:
