@@ -302,3 +302,19 @@ def test_deleting_a_job_removes_its_children(
     run.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
     wait_for(lambda: not run.pods(), timeout=90, what="pods garbage-collected")
     assert not client.CoreV1Api(cluster.api_client()).list_namespaced_service(namespace).items
+
+
+def test_a_transient_read_error_restoring_the_newest_step_deletes_nothing_and_resumes_there(
+        cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
+    # Worker 1 dies at step 55 (step 50 the newest checkpoint); restoring step 50 in attempt 2,
+    # worker 0 gets one transient read error (an OSError, as from a flaky NFS or GCS read).
+    run = Run(cluster, namespace, operator, training_job(
+        "restore", tmp_path, steps=FAULTED_STEPS,
+        faults=("crash@55:worker=1:attempt=1", "restore-error@50:worker=0:attempt=2")))
+    status = run.wait_phase("Succeeded")
+    assert status["restarts"]["total"] == 1, status.get("timeline")
+    assert status["currentAttempt"]["resumedStep"] > 50
+    log = run.core.read_namespaced_pod_log("restore-2-0-0", namespace)
+    assert "checkpoint step 50: transient read error" in log
+    assert "moved aside" not in log and "falling back" not in log
+    assert not list(tmp_path.rglob("corrupt"))  # nothing was judged corrupt or set aside

@@ -12,6 +12,7 @@ gets a second local cluster with such pools.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 import sys
@@ -260,11 +261,17 @@ def test_job_reapplied_after_an_orphaning_delete_says_why_it_waits_then_trains_o
         c.get("message", "") for c in s.get("conditions", [])), "PodsRefused naming the orphans",
         timeout=60)
     assert status.get("phase") != "Succeeded"
-    orphans = [p.metadata.name for p in second.pods()
+    orphans = [p for p in second.pods()
                if not any(r.uid == uid for r in p.metadata.owner_references or [])]
     assert orphans
-    for name in orphans:
-        core.delete_namespaced_pod(name, drill_namespace, grace_period_seconds=0)
+    for orphan in orphans:
+        # By uid: the job creates its own pod under that name as soon as the orphan is gone.
+        with contextlib.suppress(ApiException):
+            core.delete_namespaced_pod(orphan.metadata.name, drill_namespace,
+                                       body=client.V1DeleteOptions(
+                                           grace_period_seconds=0,
+                                           preconditions=client.V1Preconditions(
+                                               uid=orphan.metadata.uid)))
 
     def own_pods_run(_: dict[str, Any]) -> bool:
         pods = [p for p in second.pods()

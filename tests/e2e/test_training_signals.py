@@ -204,7 +204,8 @@ def test_a_leak_is_warned_of_with_the_time_left_to_the_memory_limit(
 
 def test_an_oom_kill_that_the_warning_predicted_is_graded_as_a_leak(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    body = sdk_job("oomleak", tmp_path, steps=400, step_time=2.0, health_every=2,
+    # The leak reaches the limit near step 75; 130 steps leave the next attempt a short finish.
+    body = sdk_job("oomleak", tmp_path, steps=130, step_time=2.0, health_every=2,
                    memory="1536Mi", faults=("leak@1:worker=1:attempt=1",))
     # Checked on the pod the operator would create before a job runs: a job deleted while
     # it runs keeps its pool claimed in the operator, which would starve the tests after it.
