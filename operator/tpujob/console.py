@@ -117,8 +117,9 @@ def describe_lines(job: TPUTrainingJob, now: datetime,
     if st.progress and st.progress.step is not None:
         total = st.progress.total_steps
         pct = f" ({st.progress.step / total:.0%})" if total else ""
+        loss = f", loss {st.progress.loss:.4g}" if st.progress.loss is not None else ""
         lines.append(f"  progress   step {st.progress.step}/{total or '?'}{pct}, "
-                     f"{st.progress.steps_per_second or 0:.2f} steps/s")
+                     f"{st.progress.steps_per_second or 0:.2f} steps/s{loss}")
     checkpoint = st.checkpoint_step if st.checkpoint_step is not None else "-"
     lines.append(f"  checkpoint step {checkpoint}")
     if st.goodput is not None:

@@ -84,21 +84,27 @@ class Demo:
 
     def watch(self, until: Any, what: str, timeout: float = 600) -> dict[str, Any]:
         columns = (TextColumn("[bold]{task.fields[phase]:<10}"), BarColumn(),
-                   TextColumn("step {task.completed:.0f}/{task.total:.0f}  attempt "
-                              "{task.fields[attempt]}  restarts s/m/h {task.fields[restarts]}"))
+                   TextColumn("step {task.completed:.0f}/{task.total:.0f}  loss "
+                              "{task.fields[loss]}  attempt {task.fields[attempt]}  restarts "
+                              "s/m/h {task.fields[restarts]}"))
         deadline = time.monotonic() + timeout
         with Progress(*columns, console=self.console, transient=True) as bar:
-            task = bar.add_task(what, total=1, phase="", attempt=0, restarts="0/0/0")
+            task = bar.add_task(what, total=1, phase="", attempt=0, restarts="0/0/0", loss="-")
             while time.monotonic() < deadline:
                 body = self.status()
                 st = body.get("status") or {}
                 progress = st.get("progress") or {}
                 r = st.get("restarts") or {}
+                loss = progress.get("loss")
                 bar.update(task, completed=progress.get("step") or 0,
                            total=progress.get("totalSteps") or 1, phase=st.get("phase", ""),
                            attempt=st.get("attempt", 0),
+                           loss=f"{loss:.3f}" if isinstance(loss, float | int) else "-",
                            restarts=f"{r.get('soft', 0)}/{r.get('medium', 0)}/{r.get('hard', 0)}")
                 if until(st):
+                    if isinstance(loss, float | int):  # the loss keeps falling across restarts
+                        self.console.print(f"   attempt {st.get('attempt')}, step "
+                                           f"{progress.get('step')}: loss {loss:.3f}")
                     return body
                 time.sleep(0.5)
         raise SystemExit(f"timed out waiting for {what}")

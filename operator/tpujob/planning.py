@@ -274,7 +274,8 @@ def _record_progress(obs: Observed, draft: Draft) -> None:
         return
     total = beat.total_steps or job.spec.trainer.total_steps
     draft.update(progress=Progress(step=beat.step, total_steps=total,
-                                   steps_per_second=beat.steps_per_second))
+                                   steps_per_second=beat.steps_per_second,
+                                   loss=round(beat.loss, 6) if beat.loss is not None else None))
     if beat.checkpoint_step is not None:
         draft.update(checkpoint_step=beat.checkpoint_step)
 

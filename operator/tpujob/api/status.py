@@ -123,6 +123,7 @@ class Progress(StatusModel):
     step: int | None = Field(default=None, ge=0, description="Latest completed step.")
     total_steps: int | None = Field(default=None, ge=0, description="Steps of the full run.")
     steps_per_second: float | None = Field(default=None, ge=0, description="Recent throughput.")
+    loss: float | None = Field(default=None, description="The training loss last reported.")
 
 
 class TimelineEvent(StatusModel):

@@ -45,3 +45,17 @@ def test_describe_breaks_the_wall_time_down_by_goodput_category() -> None:
     status = parse_job(body).status
     assert status.goodput_breakdown is not None
     assert status.attempt_history and status.attempt_history[0].failed
+
+
+def test_the_loss_the_trainer_reports_reaches_the_status_and_describe() -> None:
+    from tpujob import contract
+
+    job = job_body(status=running_status())
+    beat = lease(renewed=19, step=42)
+    beat["metadata"]["annotations"][contract.HEARTBEAT_LOSS] = "0.8125"
+    result = plan(observed(job, [pod(job, 1, 0, 0), pod(job, 1, 0, 1)], heartbeat=beat),
+                  now=at(20))
+    assert result.status.progress is not None and result.status.progress.loss == 0.8125
+    body = job_body(status=result.status.model_dump(mode="json", by_alias=True,
+                                                    exclude_none=True))
+    assert "loss 0.8125" in "\n".join(describe_lines(parse_job(body), at(30)))
