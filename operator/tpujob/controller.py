@@ -103,19 +103,25 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     now = deps.clock()
     deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since, observed.nodes.values(),
                                                now=now)
-    async with deps.placement_lock:
-        deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
-        observed = replace(observed, tpu_short_since=deps.tpu_short_since,
-                           catalogue=deps.catalogue.catalogue if deps.catalogue else None,
-                           busy_pools=observed.busy_pools | deps.claimed_by_others(key),
-                           node_blames=ledger_rows(deps),
-                           api_reachable_since=deps.api_reachable_since)
-        try:
-            result = await asyncio.wait_for(
-                deps.run(partial(plan, observed, now=now, settings=deps.settings)),
-                timeout=deps.plan_budget_seconds)
-        except TimeoutError:
-            return await _report_slow_plan(deps, body, observed)
+    deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
+    observed = replace(observed, tpu_short_since=deps.tpu_short_since,
+                       catalogue=deps.catalogue.catalogue if deps.catalogue else None,
+                       node_blames=ledger_rows(deps),
+                       api_reachable_since=deps.api_reachable_since)
+    # Most plans keep the placement they had; those plan without the placement lock, so a
+    # thousand running jobs do not queue behind one another. A plan that places pools is made
+    # again under the lock, on the claims as they are then (plans are pure: same inputs, same
+    # plan), and its claim is taken in that same step.
+    try:
+        result = await _plan(deps, observed, key, now)
+        released = None
+        if _places(result, observed):
+            async with deps.placement_lock:
+                result = await _plan(deps, observed, key, now)
+                released = deps.claim(key, result.status)
+    except TimeoutError:
+        return await _report_slow_plan(deps, body, observed)
+    if released is None:
         released = deps.claim(key, result.status)
     written = await _write_status(deps, key, body, result, now)
     if result.ledger_blame is not None:
@@ -131,6 +137,19 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     deps.wakes.settled(key, finished=result.status.phase in (Phase.SUCCEEDED, Phase.FAILED),
                        waiting_for=_waiting_for(result, observed))
     return result.requeue_after
+
+
+async def _plan(deps: Deps, observed: Observed, key: JobKey, now: dt.datetime) -> Plan:
+    """Plan in a worker thread within the budget, avoiding the pools other jobs hold now."""
+    seen = replace(observed, busy_pools=observed.busy_pools | deps.claimed_by_others(key))
+    return await asyncio.wait_for(deps.run(partial(plan, seen, now=now, settings=deps.settings)),
+                                  timeout=deps.plan_budget_seconds)
+
+
+def _places(result: Plan, observed: Observed) -> bool:
+    """Whether the plan chose pools: its placement differs from the one the job had."""
+    return result.status.current_attempt.placement != \
+        observed.job.status.current_attempt.placement
 
 
 def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str, Any] | None:
