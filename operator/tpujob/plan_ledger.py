@@ -19,9 +19,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from tpujob import diagnosis as dx
-from tpujob.diagnosis.memory import Blame, NodeLedger, record_blame
+from tpujob.diagnosis.memory import EXTERNAL_CODES, Blame, NodeLedger, record_blame
 
 LEDGER_ADVICE = "the node was tainted; the slice runs elsewhere"
+# Failures that say nothing about the host they happened on: caused from outside (preemption,
+# maintenance, eviction...) or a process killed by someone (a SIGKILL/SIGTERM from outside
+# proves nothing by recurring, whoever's job it hits).
+NOT_THE_NODE = EXTERNAL_CODES | {dx.FailureCode.PROCESS_KILLED}
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ def weigh_ledger(d: dx.Diagnosis, *, node: str | None, namespace: str, name: str
                  blames: Sequence[tuple[str, str, float]], now: datetime) -> LedgerOutcome:
     """Add this failure's soft blame of `node`; hard when another tenant blamed it lately."""
     trusted = not any(e.source is dx.Source.USER_RULE for e in d.evidence)
-    if d.failure_class is not dx.FailureClass.SOFT or not node or not trusted:
+    if d.failure_class is not dx.FailureClass.SOFT or not node or not trusted or \
+            d.code in NOT_THE_NODE:
         return LedgerOutcome(d)
     blame = Blame(node=node, job=ledger_job(namespace, name), at=now.timestamp())
     others = NodeLedger(tuple(Blame(n, j, at) for n, j, at in blames

@@ -308,7 +308,9 @@ def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_res
     from tpujob.ledger_store import LEDGER_CONFIGMAP, load_ledger
 
     job = job_body(status=running_status())
-    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=137)]
+    message = trainer_message(contract.ExitCode.COLLECTIVE_FAILURE, "connection reset by peer")
+    pods = [pod(job, 1, 0, 0),
+            pod(job, 1, 0, 1, phase="Failed", exit_code=30, message=message)]
     reader, writer = FakeReader(pods, body=job), RecordingWriter()
     deps = Deps(reader=reader, writer=writer, ledger_namespace="tpujob-system")  # type: ignore[arg-type]
     run(reader, writer, deps)

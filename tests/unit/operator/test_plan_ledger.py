@@ -6,8 +6,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tests.unit.operator.builders import at, job_body, observed, pod, running_status
+from tests.unit.operator.builders import (
+    at,
+    job_body,
+    observed,
+    pod,
+    running_status,
+    trainer_message,
+)
 
+from tpujob import contract
 from tpujob import diagnosis as dx
 from tpujob.api import Phase
 from tpujob.plan import Plan
@@ -21,7 +29,9 @@ DAY = 24 * 3600.0
 def killed_on(node: str, blames: tuple[tuple[str, str, float], ...]) -> Plan:
     job = job_body(status=running_status())
     pods = [pod(job, 1, 0, 0, node_name="pool-0-w0"),
-            pod(job, 1, 0, 1, phase="Failed", exit_code=137, node_name=node)]
+            pod(job, 1, 0, 1, phase="Failed", exit_code=30, node_name=node,
+                message=trainer_message(contract.ExitCode.COLLECTIVE_FAILURE,
+                                        "gloo: connection reset by peer"))]
     return plan(replace(observed(job, pods), node_blames=blames), now=at(NOW))
 
 
@@ -50,7 +60,8 @@ def test_a_soft_failure_on_a_node_another_tenant_blamed_lately_is_hard(
 
 
 def soft(evidence: tuple[dx.Evidence, ...]) -> dx.Diagnosis:
-    return dx.Diagnosis(failure_class=dx.FailureClass.SOFT, code=dx.FailureCode.PROCESS_KILLED,
+    return dx.Diagnosis(failure_class=dx.FailureClass.SOFT,
+                        code=dx.FailureCode.COLLECTIVE_FAILURE,
                         summary="worker killed", confidence=dx.Confidence.HIGH, rule="test",
                         evidence=evidence)
 
@@ -60,7 +71,10 @@ def soft(evidence: tuple[dx.Evidence, ...]) -> dx.Diagnosis:
     (soft((dx.Evidence(dx.Source.USER_RULE, "rule 0"),)), "n1", False),
     (soft(()), None, False),
     (replace(soft(()), failure_class=dx.FailureClass.MEDIUM), "n1", False),
-], ids=["operator-evidence", "user-rule", "no-node", "not-soft"])
+    (replace(soft(()), code=dx.FailureCode.PROCESS_KILLED), "n1", False),
+    (replace(soft(()), code=dx.FailureCode.PREEMPTED), "n1", False),
+], ids=["operator-evidence", "user-rule", "no-node", "not-soft", "killed-from-outside",
+        "preempted"])
 def test_only_soft_failures_the_operator_read_itself_enter_the_ledger(
         diagnosis: dx.Diagnosis, node: str | None, counted: bool) -> None:
     outcome = weigh_ledger(diagnosis, node=node, namespace="team", name="train",
