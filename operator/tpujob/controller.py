@@ -91,8 +91,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     cached = await deps.read(reads, reads.job_body, namespace, name)
     body = _fresher(deps, key, cached)
     if body is None:
-        _let_go(deps, deps.claim(key, None))
-        deps.forget(key)
+        deps.forget(key)  # its claims too; its daemon's end wakes whoever waits for its pools
         return None
     try:
         observed = await deps.read(reads, observe, reads, body)

@@ -28,7 +28,6 @@ from tpujob.controller import Deps, reconcile, refresh_catalogue, release_pools
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.ledger_store import load_ledger
-from tpujob.observed import heartbeat_view, node_view
 
 ERROR_RETRY_SECONDS = 2.0
 MAX_ERROR_RETRY_SECONDS = 60.0
@@ -142,30 +141,32 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("coordination.k8s.io", "v1", "leases", labels={labels.JOB: kopf.PRESENT},
                    registry=registry)
-    async def heartbeat(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
-                        body: kopf.Body, **_: Any) -> None:
+    async def heartbeat(*, namespace: str | None, name: str | None,
+                        labels: Mapping[str, str], memo: Any, **_: Any) -> None:
         assert isinstance(memo, Deps)
         key = (namespace or "", labels[_JOB_LABEL])
-        beat = heartbeat_view(body)
+        # Parsed once, by the index (kopf updates indexes before it calls handlers).
+        beat = memo.view.heartbeat(namespace or "", name or "") if memo.view else None
         if beat is not None and memo.wakes.heartbeat(key, beat, now=memo.clock()):
             memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_changed(*, name: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    async def node_changed(*, name: str | None, memo: Any, **_: Any) -> None:
         """Wake the jobs with pods on this node or a placement on its pool; a healthy node
         of a pool nobody holds may also let a waiting job in."""
         assert isinstance(memo, Deps)
         if memo.view is None:
             return
         now = time.monotonic()
-        view = node_view(body)
+        view = memo.view.node(name or "")  # parsed once, by the index; None once deleted
         concerned = set(memo.view.jobs_on_node(name or ""))
-        holder = memo.pool_claims.get(view.pool or "")
+        holder = memo.pool_claims.get(view.pool or "") if view is not None else None
         if holder is not None:
             concerned.add(holder)
         memo.wakes.wake_live(concerned, at=now)
-        if view.pool and holder is None and view.accelerator and view.topology and \
-                view.healthy_for(frozenset()) and not memo.view.pool_holders(view.pool):
+        if view is not None and view.pool and holder is None and view.accelerator and \
+                view.topology and view.healthy_for(frozenset()) and \
+                not memo.view.pool_holders(view.pool):
             memo.wakes.pool_freed((view.accelerator, view.topology), at=now)
 
 

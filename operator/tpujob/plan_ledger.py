@@ -22,10 +22,6 @@ from tpujob import diagnosis as dx
 from tpujob.diagnosis.memory import EXTERNAL_CODES, Blame, NodeLedger, record_blame
 
 LEDGER_ADVICE = "the node was tainted; the slice runs elsewhere"
-# Failures that say nothing about the host they happened on: caused from outside (preemption,
-# maintenance, eviction...) or a process killed by someone (a SIGKILL/SIGTERM from outside
-# proves nothing by recurring, whoever's job it hits).
-NOT_THE_NODE = EXTERNAL_CODES | {dx.FailureCode.PROCESS_KILLED}
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ def weigh_ledger(d: dx.Diagnosis, *, node: str | None, namespace: str, name: str
     """Add this failure's soft blame of `node`; hard when another tenant blamed it lately."""
     trusted = not any(e.source is dx.Source.USER_RULE for e in d.evidence)
     if d.failure_class is not dx.FailureClass.SOFT or not node or not trusted or \
-            d.code in NOT_THE_NODE:
+            d.code in EXTERNAL_CODES:  # caused from outside, or killed by someone: not the host
         return LedgerOutcome(d)
     blame = Blame(node=node, job=ledger_job(namespace, name), at=now.timestamp())
     others = NodeLedger(tuple(Blame(n, j, at) for n, j, at in blames

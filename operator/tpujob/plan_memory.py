@@ -20,12 +20,13 @@ from dataclasses import dataclass, replace
 
 from tpujob import diagnosis as dx
 from tpujob.api.attempt import FailureRecord
+from tpujob.diagnosis.cascade import OWN_BUDGET_CODES
 from tpujob.diagnosis.memory import Escalation, PastFailure, failure_signature, judge
 from tpujob.diagnosis.model import DEFAULT_ACTIONS
 
 # Failures with a recovery policy of their own (a non-finite loss rolls back past its data,
 # with its own budget): the memory records them but does not regrade them.
-OWN_POLICY = frozenset({dx.FailureCode.NAN_LOSS})
+OWN_POLICY = OWN_BUDGET_CODES
 
 ESCALATION_ADVICE = {
     Escalation.ACROSS_NODES: "the same failure recurs wherever the job runs, so it is the "

@@ -131,6 +131,10 @@ class CachedView:
     def node_views(self) -> dict[str, NodeView]:
         return {str(name): view for name, store in self.nodes.items() for view in store}
 
+    def node(self, name: str) -> NodeView | None:
+        found: NodeView | None = _one(self.nodes, name)
+        return found
+
     def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None:
         found: Heartbeat | None = _one(self.heartbeats, (namespace, lease))
         return found
