@@ -79,10 +79,17 @@ async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
 
 async def _api_back(deps: Deps) -> None:
     """After an outage, plan nothing until the API answers: the cache and every heartbeat in
-    it are as old as the outage, and no trainer could renew its heartbeat meanwhile."""
-    await deps.run(deps.reader.api_answers)
-    deps.api_down = False
-    deps.api_reachable_since = deps.clock()
+    it are as old as the outage, and no trainer could renew its heartbeat meanwhile.
+
+    One probe at a time: a thousand jobs retrying do not send a thousand probes to an
+    apiserver that is coming back; those queued behind a probe that succeeded go on at once.
+    """
+    async with deps.api_probe_lock:
+        if not deps.api_down:
+            return
+        await deps.run(deps.reader.api_answers)
+        deps.api_down = False
+        deps.api_reachable_since = deps.clock()
 
 
 async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:

@@ -119,6 +119,7 @@ class Deps:
     # the next reconcile asks the API before planning, and only its answer ends the outage.
     api_reachable_since: dt.datetime | None = None
     api_down: bool = False
+    api_probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     lease_access: LeaseAccess | None = None
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:

@@ -31,6 +31,9 @@ from tpujob.ledger_store import load_ledger
 
 ERROR_RETRY_SECONDS = 2.0
 MAX_ERROR_RETRY_SECONDS = 60.0
+# An unreachable apiserver is asked again at least this often, so reconciles resume within
+# seconds of its return (one probe at a time: `controller._api_back`).
+MAX_UNAVAILABLE_RETRY_SECONDS = 8.0
 
 
 def retry_delay(err: Exception, failures: int, jitter: float) -> float:
@@ -43,8 +46,10 @@ def retry_delay(err: Exception, failures: int, jitter: float) -> float:
     """
     if isinstance(err, ConflictError):
         return 0.05 + 0.45 * jitter
-    base = 1.0 if isinstance(err, UnavailableError) else ERROR_RETRY_SECONDS
-    delay: float = min(MAX_ERROR_RETRY_SECONDS, base * 2.0 ** min(failures - 1, 6))
+    unavailable = isinstance(err, UnavailableError)
+    base = 1.0 if unavailable else ERROR_RETRY_SECONDS
+    cap = MAX_UNAVAILABLE_RETRY_SECONDS if unavailable else MAX_ERROR_RETRY_SECONDS
+    delay: float = min(cap, base * 2.0 ** min(failures - 1, 6))
     return delay * (0.75 + 0.5 * jitter)
 
 

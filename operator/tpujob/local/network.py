@@ -81,10 +81,23 @@ def choose_network(cluster_key: str) -> ClusterNetwork:
     raise NetworkError("no free 10.x.0.0/16 range for the pod network")
 
 
+def bridge_mac(bridge: str) -> str:
+    """A fixed, locally administered unicast MAC for the bridge, derived from its name.
+
+    A Linux bridge without an address of its own takes the lowest MAC among its ports, so it
+    changes whenever a pod's veth joins or leaves. Every pod's ARP entry for the gateway then
+    points at a MAC nobody answers to, and its connections to the API (heartbeats, fencing
+    reads) time out until the entry goes stale, about half a minute: long enough for the
+    operator to see a hang that never happened.
+    """
+    digest = short_id("bridge-mac", bridge, length=10)
+    return ":".join(["02", *(digest[i:i + 2] for i in range(0, 10, 2))])
+
+
 def create_bridge(net: ClusterNetwork) -> None:
     if run_ip(["link", "show", net.bridge], check=False):
         return
-    run_ip(["link", "add", net.bridge, "type", "bridge"])
+    run_ip(["link", "add", net.bridge, "address", bridge_mac(net.bridge), "type", "bridge"])
     run_ip(["addr", "add", f"{net.gateway}/{net.prefix}", "dev", net.bridge])
     run_ip(["link", "set", net.bridge, "up"])
 

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpujob.handlers import MAX_ERROR_RETRY_SECONDS, retry_delay
+from tpujob.handlers import MAX_ERROR_RETRY_SECONDS, MAX_UNAVAILABLE_RETRY_SECONDS, retry_delay
 from tpujob.kube.errors import (
     REQUEST_TIMEOUT,
     ConflictError,
@@ -67,6 +67,7 @@ def test_every_call_carries_a_request_timeout_unless_given_one() -> None:
     (ConflictError(409, "Conflict", ""), 9, 0.05, 0.5),
     (UnavailableError(0, "ConnectionRefused", ""), 1, 0.75, 1.25),
     (UnavailableError(503, "ServiceUnavailable", ""), 3, 3.0, 5.0),
+    (UnavailableError(0, "ConnectionRefused", ""), 9, 6.0, MAX_UNAVAILABLE_RETRY_SECONDS * 1.25),
     (ForbiddenError(403, "Forbidden", ""), 1, 1.5, 2.5),
     (ValueError("a bug"), 2, 3.0, 5.0),
     (ValueError("a bug"), 50, 45.0, MAX_ERROR_RETRY_SECONDS * 1.25),

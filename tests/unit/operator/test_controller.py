@@ -349,6 +349,29 @@ def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count
     assert deps.api_reachable_since == at(60)
 
 
+def test_jobs_retrying_after_an_outage_send_one_probe_and_all_go_on_when_it_answers() -> None:
+    job = job_body(status=running_status())
+    reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
+    probes = []
+    answers = reader.api_answers
+
+    def counted() -> None:
+        probes.append(1)
+        answers()
+
+    reader.api_answers = counted  # type: ignore[method-assign]
+    deps = Deps(reader=reader, writer=RecordingWriter())  # type: ignore[arg-type]
+    deps.clock = lambda: at(60)
+    deps.api_down = True
+
+    async def many() -> list[float | None]:
+        return list(await asyncio.gather(*(reconcile(deps, "team", "train") for _ in range(5))))
+
+    delays = asyncio.run(many())
+    assert len(probes) == 1
+    assert len(delays) == 5 and not deps.api_down
+
+
 @pytest.mark.parametrize(("namespace", "bound"), [("team", True), ("kube-system", False)])
 def test_the_operator_binds_itself_lease_rights_before_the_fence_never_in_system_namespaces(
         namespace: str, bound: bool) -> None:
