@@ -33,6 +33,8 @@ ENV_CHECKPOINT_DIR = "TPUJOB_CHECKPOINT_DIR"
 ENV_CHECKPOINT_INTERVAL = "TPUJOB_CHECKPOINT_INTERVAL_STEPS"
 ENV_CHECKPOINT_KEEP = "TPUJOB_CHECKPOINT_KEEP"
 ENV_HEARTBEAT_LEASE = "TPUJOB_HEARTBEAT_LEASE"
+# The uid of the job object the pod belongs to: fencing tells incarnations of a name apart.
+ENV_JOB_UID = "TPUJOB_JOB_UID"
 ENV_ALLOW_CPU_FALLBACK = "TPUJOB_ALLOW_CPU_FALLBACK"
 ENV_EXPECT_TPU_CHIPS = "TPUJOB_EXPECT_TPU_CHIPS_PER_HOST"
 ENV_COLLECTIVE_TIMEOUT = "TPUJOB_COLLECTIVE_TIMEOUT_SECONDS"
@@ -67,6 +69,10 @@ HEARTBEAT_WORKER_RSS_BYTES = "tpujob.dev/worker-rss-bytes"
 # before it creates the pods of attempt N: the decimal attempt number N. A trainer commits a
 # checkpoint only while the token equals its own attempt.
 LEASE_FENCE_ANNOTATION = "tpujob.dev/fence"
+# Written with the token: the uid of the job whose attempts it counts. A job deleted and applied
+# again under its name gets the same Lease name and counts from attempt 1 again, so a trainer
+# left over from the earlier job commits only while this names its own job.
+LEASE_FENCE_JOB_ANNOTATION = "tpujob.dev/fence-job"
 
 
 class ClassHint(enum.StrEnum):

@@ -92,6 +92,7 @@ def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         contract.ENV_NAMESPACE: job.namespace,
         contract.ENV_ATTEMPT: str(attempt),
         contract.ENV_HEARTBEAT_LEASE: lease_name(job),
+        contract.ENV_JOB_UID: str(job.metadata.get("uid", "")),
         contract.ENV_ALLOW_CPU_FALLBACK: str(job.spec.trainer.allow_cpu_fallback).lower(),
         contract.ENV_EXPECT_TPU_CHIPS: str(tpu.chips_per_host),
         contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),

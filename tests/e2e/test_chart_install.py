@@ -1,19 +1,24 @@
 """`helm install` into the local cluster: the node agent runs the operator's pod in-cluster under
 the chart's ServiceAccount, and that operator takes a job through a hard failure. This proves
-the chart's RBAC is enough; test_chart_render proves it is not more than listed.
+the chart's RBAC is enough; test_chart_render proves it is not more than listed. A rolling
+`helm upgrade` of two replicas to a new image tag hands a training job over without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 from tests.e2e.conftest import CHART, LocalCluster, wait_for
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, assert_recovered, training_job
+
+from tpujob import labels
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.usefixtures("healthy_nodes")]
 
@@ -25,9 +30,10 @@ def helm(cluster: LocalCluster, *args: str) -> str:
     return proc.stdout
 
 
-@pytest.fixture
-def installed(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+@contextlib.contextmanager
+def _installed(cluster: LocalCluster, core: client.CoreV1Api,
+               tmp_path_factory: pytest.TempPathFactory,
+               *values: str) -> Iterator[tuple[str, str, Path]]:
     suffix = uuid.uuid4().hex[:5]
     # The chart admits hostPath checkpoints only under the prefixes it is given.
     checkpoints = tmp_path_factory.mktemp("helm-checkpoints")
@@ -35,18 +41,36 @@ def installed(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: Non
     core.create_namespace({"metadata": {"name": jobs}})
     wait_for(lambda: core.list_namespaced_service_account(jobs).items, timeout=30,
              what="default ServiceAccount")
+    sets = [f"watchNamespaces={{{jobs}}}", f"hostPathPrefixes={{{checkpoints}}}",
+            "operator.extraArgs={--collective-timeout=15,--force-delete-after=3,"
+            "--restart-grace=3}", *values]
     helm(cluster, "install", "tpujob", str(CHART), "--namespace", system, "--create-namespace",
-         "--set", f"watchNamespaces={{{jobs}}}",
-         "--set", f"hostPathPrefixes={{{checkpoints}}}",
-         "--set", "operator.extraArgs={--collective-timeout=15,--force-delete-after=3,"
-                  "--restart-grace=3}",
-         "--wait", "--timeout", "120s")
+         *(a for v in sets for a in ("--set", v)), "--wait", "--timeout", "120s")
     try:
         yield system, jobs, checkpoints
     finally:
         helm(cluster, "uninstall", "tpujob", "--namespace", system, "--wait")
         core.delete_namespace(jobs)
         core.delete_namespace(system)
+
+
+@pytest.fixture
+def installed(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    with _installed(cluster, core, tmp_path_factory) as where:
+        yield where
+
+
+@pytest.fixture
+def two_replicas(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    with _installed(cluster, core, tmp_path_factory, "replicas=2") as where:
+        yield where
+
+
+def _operator_pods(core: client.CoreV1Api, system: str) -> list[Any]:
+    return [p for p in core.list_namespaced_pod(system).items
+            if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
 
 
 def test_helm_installed_operator_recovers_a_hard_failure_in_cluster(
@@ -64,3 +88,33 @@ def test_helm_installed_operator_recovers_a_hard_failure_in_cluster(
     log = core.read_namespaced_pod_log(operator_pod.metadata.name, system)
     assert "Forbidden" not in log
     assert "[HARD] NODE_LOST" in log
+
+
+# Long enough that the job still trains when a rolling upgrade of two replicas has finished.
+UPGRADE_STEPS = 600
+
+
+def test_helm_upgrade_of_two_replicas_to_a_new_tag_leaves_a_training_job_untouched(
+        cluster: LocalCluster, core: client.CoreV1Api,
+        two_replicas: tuple[str, str, Path]) -> None:
+    system, jobs, checkpoints = two_replicas
+    before = {p.metadata.name for p in _operator_pods(core, system)}
+    assert len(before) == 2
+    run = Run(cluster, jobs, None, training_job("upgraded", checkpoints, steps=UPGRADE_STEPS))
+    run.wait_training(step=15)
+    helm(cluster, "upgrade", "tpujob", str(CHART), "--namespace", system, "--reuse-values",
+         "--set", "image.tag=next", "--wait", "--timeout", "240s")
+    wait_for(lambda: not before & {p.metadata.name for p in core.list_namespaced_pod(system).items},
+             timeout=120, what="the old replicas gone")
+    after = _operator_pods(core, system)
+    assert len(after) == 2
+    assert all(p.spec.containers[0].image.endswith(":next") for p in after)
+    during = run.status()
+    # Still training once the new replicas took over, so what follows is their doing.
+    assert during["phase"] == "Running", during
+    status = run.wait_phase("Succeeded")
+    context = f"restarts {status.get('restarts')}; last failure {status.get('lastFailure')}"
+    assert status["attempt"] == 1, context
+    assert status["restarts"]["total"] == 0, context
+    assert status["progress"]["step"] == UPGRADE_STEPS
+    assert {p.metadata.labels[labels.ATTEMPT] for p in run.pods()} == {"1"}

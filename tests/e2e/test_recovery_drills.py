@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import random
 import re
 import sys
 import time
@@ -38,6 +39,7 @@ from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
 
 from tpujob import labels
 from tpujob.api import GROUP, PLURAL, VERSION
+from tpujob.contract import ExitCode
 from tpujob.local import controlplane, faults
 from tpujob.local.binaries import binary_dir
 
@@ -118,6 +120,72 @@ def test_worker_killed_three_times_once_while_restoring_is_three_soft_restarts(
     resumed = [e["message"] for e in status["timeline"] if e["kind"] == "Resumed"]
     assert not any(m.startswith("attempt 2 ") for m in resumed), context
     assert status["progress"]["step"] == 100
+
+
+# Twenty soft recoveries while the operator is SIGKILLed at random moments of them.
+RECOVERIES = 20
+
+
+def _live_pods(run: Run) -> list[Any]:
+    return [p for p in run.pods() if p.metadata.deletion_timestamp is None
+            and p.status.phase in ("Pending", "Running")]
+
+
+def test_operator_killed_at_random_moments_of_twenty_recoveries_repeats_and_loses_nothing(
+        cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess,
+        tmp_path: Path) -> None:
+    # Attempt A SIGKILLs worker 1 at step 10A+5, past the checkpoint it resumed from (10A-10
+    # or earlier), so each attempt trains a little and fails at a step of its own: twenty
+    # transient failures, each a soft restart. Meanwhile the operator is SIGKILLed every few
+    # seconds, whatever it is doing (writing the status, deleting pods, creating them, telling
+    # Events), and started again.
+    crashes = tuple(f"crash@{10 * a + 5}:worker=1:attempt={a}" for a in range(1, RECOVERIES + 1))
+    steps = 10 * RECOVERIES + 20
+    run = Run(cluster, drill_namespace, drill_operator, training_job(
+        "killed", tmp_path, steps=steps, faults=crashes, maxSoftRestarts=RECOVERIES + 5))
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    uids: dict[str, set[str]] = {}
+    overlaps: list[str] = []
+    kills = 0
+    next_kill = time.monotonic() + rng.uniform(2, 10)
+    deadline = time.monotonic() + 1200
+    status: dict[str, Any] = {}
+    try:
+        while time.monotonic() < deadline:
+            live = _live_pods(run)
+            for pod in run.pods():
+                uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
+            attempts = {p.metadata.labels[labels.ATTEMPT] for p in live}
+            if len(live) > 2 or len(attempts) > 1:
+                overlaps.append(", ".join(sorted(p.metadata.name for p in live)))
+            status = run.status()
+            if status.get("phase") in ("Succeeded", "Failed"):
+                break
+            if time.monotonic() >= next_kill:
+                drill_operator.kill()
+                kills += 1
+                time.sleep(rng.uniform(0, 1.5))
+                drill_operator.start()
+                next_kill = time.monotonic() + rng.uniform(3, 12)
+            time.sleep(0.5)
+    finally:
+        if drill_operator.proc is None or drill_operator.proc.poll() is not None:
+            drill_operator.start()
+    context = (f"seed {seed}, {kills} operator kills; phase {status.get('phase')}; "
+               f"restarts {status.get('restarts')}; last failure {status.get('lastFailure')}")
+    assert status.get("phase") == "Succeeded", context
+    assert kills >= RECOVERIES, context  # the drill did kill it throughout
+    assert restarts(status) == (RECOVERIES, 0, 0), context
+    assert status["attempt"] == RECOVERIES + 1, context
+    history = status["failureHistory"]
+    assert [h["attempt"] for h in history] == list(range(1, RECOVERIES + 1)), context
+    assert overlaps == [], context  # never two attempts' pods, never a third worker
+    assert {n: len(u) for n, u in uids.items() if len(u) > 1} == {}, context  # never re-created
+    told = [e for e in run.core.list_namespaced_event(drill_namespace).items
+            if e.involved_object.name == run.name and e.reason == "Restarting"]
+    assert len(told) == RECOVERIES, [e.message for e in told]
+    assert status["progress"]["step"] == steps
 
 
 def test_quota_too_small_is_shown_and_the_job_launches_once_it_is_raised(
@@ -264,6 +332,22 @@ def test_job_reapplied_after_an_orphaning_delete_says_why_it_waits_then_trains_o
     orphans = [p for p in second.pods()
                if not any(r.uid == uid for r in p.metadata.owner_references or [])]
     assert orphans
+    # Taking the Lease over, the new job wrote its token (attempt 1) and its uid: the orphans,
+    # attempt 1 of the earlier job, would have read that token as their own and saved on. They
+    # are fenced at their next save instead, and stop without saving.
+    orphan_uids = {o.metadata.uid for o in orphans}
+
+    def exit_codes() -> list[int | None]:
+        codes = []
+        for pod in second.pods():
+            if pod.metadata.uid in orphan_uids:
+                state = (pod.status.container_statuses or [None])[0]
+                ended = state.state.terminated if state is not None else None
+                codes.append(ended.exit_code if ended is not None else None)
+        return codes
+
+    wait_for(lambda: exit_codes() == [int(ExitCode.FENCED)] * len(orphans), timeout=60,
+             what="the orphans fenced (exit 43)")
     for orphan in orphans:
         # By uid: the job creates its own pod under that name as soon as the orphan is gone.
         with contextlib.suppress(ApiException):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tpujob_trainer.contract import LEASE_FENCE_ANNOTATION, ExitCode
+from tpujob_trainer.contract import LEASE_FENCE_ANNOTATION, LEASE_FENCE_JOB_ANNOTATION, ExitCode
 from tpujob_trainer.fencing import (
     Decision,
     FencedError,
@@ -62,6 +62,39 @@ def test_decision_follows_the_token(
     annotations: Mapping[str, str] | None, expected: Decision
 ) -> None:
     assert decide(annotations, attempt=3) == expected
+
+
+@pytest.mark.parametrize(
+    ("annotations", "job_uid", "expected"),
+    [
+        ({**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-a"}, "uid-a",
+         Decision(Verdict.COMMIT, Reason.CURRENT, 3)),
+        ({**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"}, "uid-a",
+         Decision(Verdict.FENCED, Reason.OTHER_JOB)),
+        ({**fence("1"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"}, "uid-a",
+         Decision(Verdict.FENCED, Reason.OTHER_JOB)),
+        (fence("3"), "uid-a", Decision(Verdict.COMMIT, Reason.CURRENT, 3)),
+        ({**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"}, None,
+         Decision(Verdict.COMMIT, Reason.CURRENT, 3)),
+    ],
+    ids=["own-job-own-attempt-commits", "another-job-same-attempt-fences",
+         "another-job-any-token-fences", "lease-without-uid-counts-attempts",
+         "trainer-without-uid-counts-attempts"],
+)
+def test_a_lease_that_counts_another_jobs_attempts_fences(
+    annotations: Mapping[str, str], job_uid: str | None, expected: Decision
+) -> None:
+    assert decide(annotations, attempt=3, job_uid=job_uid) == expected
+
+
+def test_a_leftover_of_an_earlier_job_of_the_same_name_is_told_why_it_stopped() -> None:
+    lease = FakeLease({**fence("1"), LEASE_FENCE_JOB_ANNOTATION: "uid-new"})
+    gate = SaveGate(lease, lease="train-heartbeat", namespace="team", attempt=1,
+                    job_uid="uid-old")
+    with pytest.raises(FencedError) as raised:
+        gate.authorize(10)
+    assert raised.value.exit_code is ExitCode.FENCED
+    assert "another job of the same name owns the checkpoints" in raised.value.summary
 
 
 def test_the_most_restrictive_worker_decides_for_the_job() -> None:

@@ -23,6 +23,7 @@ from tpujob_trainer.contract import (
     ENV_FAULTS,
     ENV_HEALTH_EVERY,
     ENV_HEARTBEAT_LEASE,
+    ENV_JOB_UID,
     ENV_NAMESPACE,
     ENV_RESUME_STEP,
     ENV_SKIP_BATCHES,
@@ -78,6 +79,7 @@ class TrainerConfig:
     allow_cpu_fallback: bool
     heartbeat_lease: str | None
     namespace: str
+    job_uid: str | None = None
     resume_step: int | None = None
     skip_windows: tuple[SkipWindow, ...] = ()
     health_every: int = DEFAULT_HEALTH_EVERY_STEPS
@@ -232,6 +234,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         health_every=max(1, _int(env.get(ENV_HEALTH_EVERY) or str(DEFAULT_HEALTH_EVERY_STEPS),
                                  ENV_HEALTH_EVERY)),
         namespace=env.get(ENV_NAMESPACE) or "default",
+        job_uid=env.get(ENV_JOB_UID) or None,
     )
 
 

@@ -18,6 +18,11 @@ Design (the operator is the authority):
 * A save is collective (orbax synchronises processes), so a worker that skips while the others
   save would deadlock them. The workers therefore agree first: each contributes its verdict to
   one small all-gather and the most restrictive verdict wins (FENCED > SKIP > COMMIT).
+* The token counts the attempts of one job object: with it the operator writes that job's uid
+  (`LEASE_FENCE_JOB_ANNOTATION`), and the trainer knows its own (`TPUJOB_JOB_UID`). A Lease that
+  names another job is fenced whatever its token says: a job deleted and applied again under
+  its name counts from attempt 1 again, and a trainer left over from the earlier job must not
+  take that for its own attempt 1. (A Lease without the uid counts attempts alone.)
 * Without a configured Lease (a run outside the operator) fencing is off.
 
 The remaining window: the check is a read followed by a commit, not an atomic compare-and-swap.
@@ -36,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tpujob_trainer.contract import LEASE_FENCE_ANNOTATION, ExitCode
+from tpujob_trainer.contract import LEASE_FENCE_ANNOTATION, LEASE_FENCE_JOB_ANNOTATION, ExitCode
 from tpujob_trainer.failures import TrainerError
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,7 @@ class Reason(enum.StrEnum):
     MALFORMED = "malformed"
     OLDER_TOKEN = "older-token"
     UNREADABLE = "unreadable"
+    OTHER_JOB = "other-job"  # the Lease counts the attempts of another job of the same name
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,13 @@ class FencedError(TrainerError):
     """This attempt is fenced: a newer attempt owns the checkpoints."""
 
     def __init__(self, attempt: int, decision: Decision) -> None:
+        owner, note = (("another job of the same name", LEASE_FENCE_JOB_ANNOTATION)
+                       if decision.reason is Reason.OTHER_JOB else
+                       (f"attempt {decision.token}", LEASE_FENCE_ANNOTATION))
         super().__init__(
             ExitCode.FENCED,
-            f"attempt {attempt} is fenced: attempt {decision.token} owns the checkpoints now "
-            f"(lease annotation {LEASE_FENCE_ANNOTATION}); this attempt stopped without saving",
+            f"attempt {attempt} is fenced: {owner} owns the checkpoints now (lease annotation "
+            f"{note}); this attempt stopped without saving",
         )
         self.decision = decision
 
@@ -103,10 +112,15 @@ def parse_token(value: str | None) -> int | None:
     return token if token <= MAX_TOKEN else None
 
 
-def decide(annotations: Mapping[str, str] | None, attempt: int) -> Decision:
-    """Pure: the verdict for `attempt` given the Lease's annotations (None: unreadable)."""
+def decide(annotations: Mapping[str, str] | None, attempt: int,
+           job_uid: str | None = None) -> Decision:
+    """Pure: the verdict for `attempt` of job `job_uid` given the Lease's annotations (None:
+    unreadable). Without a uid on either side the attempt alone decides."""
     if annotations is None:
         return Decision(Verdict.SKIP, Reason.UNREADABLE)
+    owner = annotations.get(LEASE_FENCE_JOB_ANNOTATION)
+    if job_uid and owner and owner != job_uid:
+        return Decision(Verdict.FENCED, Reason.OTHER_JOB)
     raw = annotations.get(LEASE_FENCE_ANNOTATION)
     if raw is None:
         return Decision(Verdict.SKIP, Reason.MISSING)
@@ -149,11 +163,13 @@ class SaveGate:
         namespace: str,
         attempt: int,
         gather: Gather = _alone,
+        job_uid: str | None = None,
     ) -> None:
         self._reader = reader
         self._lease = lease
         self._namespace = namespace
         self._attempt = attempt
+        self._job_uid = job_uid
         self._gather = gather
         self.skipped = 0
 
@@ -168,7 +184,7 @@ class SaveGate:
                         self._namespace, self._lease, str(error).splitlines()[0][:300]
                         if str(error) else type(error).__name__)
             annotations = None
-        return decide(annotations, self._attempt)
+        return decide(annotations, self._attempt, self._job_uid)
 
     def authorize(self, step: int) -> bool:
         """True: commit `step`. False: skip it (fail closed). Raises FencedError when fenced.

@@ -189,7 +189,7 @@ def save_gate(
     from tpujob_trainer.collectives import gather_ints
 
     return SaveGate(client, lease=config.heartbeat_lease, namespace=config.namespace,
-                    attempt=config.attempt, gather=gather_ints)
+                    attempt=config.attempt, gather=gather_ints, job_uid=config.job_uid)
 
 
 def open_checkpoints(config: TrainerConfig, gate: SaveGate | None) -> Checkpoints | None:

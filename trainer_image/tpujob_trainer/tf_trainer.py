@@ -135,7 +135,7 @@ class TensorFlowTrainer(runtime.Loop):
         gate = None
         if cfg.heartbeat_lease is not None and client is not None:
             gate = SaveGate(client, lease=cfg.heartbeat_lease, namespace=cfg.namespace,
-                            attempt=cfg.attempt)
+                            attempt=cfg.attempt, job_uid=cfg.job_uid)
         manager, start = None, 0
         if cfg.checkpoint_dir:
             Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,12 @@ class Writer:
         """
         meta = lease["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        ours = {r["uid"] for r in meta.get("ownerReferences") or []}
+        # The token counts this job's attempts: the job's uid goes with it, so a trainer left
+        # over from an earlier job of the same name cannot read it as its own.
         token = {contract.LEASE_FENCE_ANNOTATION: str(attempt)}
+        if ours:
+            token[contract.LEASE_FENCE_JOB_ANNOTATION] = min(ours)
         try:
             current = call(self.coordination.read_namespaced_lease, name, namespace)
         except NotFoundError:
@@ -89,7 +94,6 @@ class Writer:
             return
         notes = current.metadata.annotations or {}
         held = notes.get(contract.LEASE_FENCE_ANNOTATION, "")
-        ours = {r["uid"] for r in meta.get("ownerReferences") or []}
         theirs = {r.uid for r in current.metadata.owner_references or []}
         patch: dict[str, Any] = {"annotations": token,
                                  "resourceVersion": current.metadata.resource_version}
@@ -98,10 +102,15 @@ class Writer:
             # orphaned): its token counts that job's attempts and its heartbeat that job's
             # steps. Take it over, token and owner both, and clear the old heartbeat.
             patch["ownerReferences"] = meta.get("ownerReferences")
-            stale = {k: None for k in notes if k != contract.LEASE_FENCE_ANNOTATION}
+            stale = {k: None for k in notes if k not in token}
             patch["annotations"] = {**stale, **token}
         elif held.isdigit() and int(held) >= attempt:
-            return
+            # Never back: a stale reconcile leaves the newer token, and only names the job
+            # where a Lease written before the uid went with the token lacks it.
+            named = {k: v for k, v in token.items() if k != contract.LEASE_FENCE_ANNOTATION}
+            if all(notes.get(k) == v for k, v in named.items()):
+                return
+            patch["annotations"] = named
         # The resourceVersion makes a concurrent fence from another replica a Conflict.
         call(self.coordination.patch_namespaced_lease, name, namespace, {"metadata": patch},
              _content_type=MERGE_PATCH)

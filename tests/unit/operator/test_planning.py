@@ -52,6 +52,7 @@ def test_planned_attempt_launches_its_pods_with_the_gke_environment() -> None:
     assert env["JAX_NUM_PROCESSES"] == "2"
     assert env["TPU_WORKER_HOSTNAMES"].split(",")[0].startswith("train-1-0-0.train.team.svc")
     assert env[contract.ENV_ATTEMPT] == "1"
+    assert env[contract.ENV_JOB_UID] == "job-uid"  # fencing tells incarnations of a name apart
     assert pods[0]["spec"]["nodeSelector"][labels.NODEPOOL] == "pool-1"
     assert pods[0]["spec"]["containers"][0]["resources"]["limits"][labels.TPU_RESOURCE] == "4"
     kinds = {o["kind"] for o in result.create}
