@@ -33,7 +33,10 @@ def register(subparsers: Any) -> None:
     scope.add_argument("--all-namespaces", action="store_true", default=True,
                        help="watch jobs in every namespace (default)")
     scope.add_argument("--namespace", action="append", default=[],
-                       help="watch only this namespace (repeatable)")
+                       help="watch only this namespace (repeatable; a glob such as 'team-*' "
+                            "also works, but then delete a namespace's jobs before the "
+                            "namespace: once a namespace is being deleted it may no longer be "
+                            "watched, and its jobs keep their finalizer)")
     p.add_argument("--kubeconfig", default=None)
     p.add_argument("--metrics-port", type=int, default=9090, help="0 disables metrics")
     p.add_argument("--metrics-address", default=DEFAULT_BIND_ADDRESS,

@@ -92,10 +92,12 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
     shared = weigh_ledger(d, node=broken.root_node, namespace=job.namespace, name=job.name,
                           blames=obs.node_blames, now=draft.now)
     d, draft.ledger_blame = shared.diagnosis, shared.blame
-    history_blame = recalled.blamed_node or shared.blamed_node or _busy_device_node(d, broken)
-    if history_blame:
+    own_blame = recalled.blamed_node or _busy_device_node(d, broken)
+    if own_blame or shared.blamed_node:
         slices = broken.slices | ({broken.root_slice} if broken.root_slice is not None else set())
-        broken = replace(broken, history_nodes=(history_blame,), slices=frozenset(slices))
+        broken = replace(broken, slices=frozenset(slices),
+                         history_nodes=(shared.blamed_node,) if shared.blamed_node else (),
+                         job_nodes=(own_blame,) if own_blame else ())
     decision = decide(d, job, broken,
                       base_collective_timeout=settings.collective_timeout_seconds)
     draft.diagnosis = d
@@ -175,7 +177,8 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     status = job.status
     failed = list(status.failed_nodes)
     known = {n.name for n in failed}
-    failed += [FailedNode(name=n, time=now, code=str(d.code))
+    failed += [FailedNode(name=n, time=now, code=str(d.code),
+                          job_only=None if n in decision.mark_nodes else True)
                for n in decision.blame_nodes if n not in known]
     bad = frozenset(n.name for n in failed)
     keep = {p.slice: p.node_pool for p in status.current_attempt.placement
@@ -211,7 +214,7 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
             collective_timeout_seconds=decision.collective_timeout_seconds,
             graceful=decision.graceful, recovering_since=trouble.seen_at,
             rollback_step=rollback.resume_step if rollback else None))
-    for node in decision.blame_nodes:
+    for node in decision.mark_nodes:
         draft.mark_nodes.append(NodeMark(node, job.spec.recovery.bad_node_action,
                                          f"{job.namespace}/{job.name}: {d.code}"))
     draft.condition(ConditionType.RECOVERING, True, str(d.code), action)
@@ -241,8 +244,11 @@ def _describe(decision: Restart, pools: dict[int, str], attempt: int) -> str:
         parts.append(f"after {decision.delay_seconds}s backoff")
     if decision.failure_class.value == "medium":
         parts.append(f"collective timeout {decision.collective_timeout_seconds}s")
-    if decision.blame_nodes:
-        parts.append(f"node {', '.join(decision.blame_nodes)} marked bad")
+    if decision.mark_nodes:
+        parts.append(f"node {', '.join(decision.mark_nodes)} marked bad")
+    avoided = [n for n in decision.blame_nodes if n not in decision.mark_nodes]
+    if avoided:
+        parts.append(f"node {', '.join(avoided)} avoided by this job")
     if decision.move_slices:
         moved = ", ".join(f"slice {s} -> {pools.get(s, 'no healthy pool yet')}"
                           for s in sorted(decision.move_slices))

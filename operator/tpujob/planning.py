@@ -76,7 +76,7 @@ def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
     updated, changed = [], False
     for failed in draft.status.failed_nodes:
         node = obs.nodes.get(failed.name)
-        if failed.marked or node is None or action is BadNodeAction.NONE:
+        if failed.marked or failed.job_only or node is None or action is BadNodeAction.NONE:
             updated.append(failed)
             continue
         if (node.unschedulable if action is BadNodeAction.CORDON

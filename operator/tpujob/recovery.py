@@ -48,9 +48,10 @@ class Restart:
     failure_class: FailureClass
     delay_seconds: int
     move_slices: frozenset[int]
-    blame_nodes: tuple[str, ...]
+    blame_nodes: tuple[str, ...]  # this job's failed nodes (avoided, counted)
     graceful: bool
     collective_timeout_seconds: int
+    mark_nodes: tuple[str, ...] = ()  # those of blame_nodes marked bad for every job
 
 
 Decision = FailJob | Restart
@@ -65,9 +66,14 @@ class Broken:
     slices: frozenset[int]  # slices with a node of either kind
     root_node: str | None
     root_slice: int | None
-    # Nodes the job's history blames (a failure recurring on the same node): node evidence
-    # the operator itself gathered, unlike a trainer's self-report or a user's rule.
+    # Nodes that the cross-namespace ledger blames (soft failures of other tenants' jobs on
+    # them): evidence no one job's author controls, so the node is marked for everyone.
     history_nodes: tuple[str, ...] = ()
+    # Nodes only this job's own history blames (its failure recurring on one node): this job
+    # avoids them and counts them against its budget, but they are not marked for the others.
+    # A job's author controls how its program fails, and so whether it "recurs on one node";
+    # that alone must not get a node tainted (the ledger can, across tenants).
+    job_nodes: tuple[str, ...] = ()
 
 
 def _fatal(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
@@ -135,7 +141,13 @@ def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
     """
     if d.failure_class is not dx.FailureClass.HARD or d.code in NOT_THE_NODES_FAULT:
         return ()
-    return tuple(dict.fromkeys((*broken.lost_nodes, *broken.history_nodes)))
+    return tuple(dict.fromkeys((*broken.lost_nodes, *broken.history_nodes, *broken.job_nodes)))
+
+
+def marks(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
+    """Of the blamed nodes, those marked bad for every job (`Broken.job_nodes` are not)."""
+    shared = {*broken.lost_nodes, *broken.history_nodes}
+    return tuple(n for n in blame(d, broken) if n in shared)
 
 
 def collective_timeout(base_seconds: int, medium_restarts: int) -> int:
@@ -161,6 +173,7 @@ def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken, *,
         if cls is FailureClass.MEDIUM else 0,
         move_slices=frozenset(move),
         blame_nodes=blame(d, broken),
+        mark_nodes=marks(d, broken),
         graceful=d.code in GRACEFUL_CODES,
         collective_timeout_seconds=collective_timeout(base_collective_timeout, medium),
     )

@@ -8,6 +8,7 @@ real while the machine stays unloaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tpujob.api import GROUP, PLURAL, VERSION
 from tpujob.local import controlplane
 from tpujob.local.binaries import binary_dir
 
@@ -124,6 +126,30 @@ def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterato
     core.create_namespace({"metadata": {"name": name}})
     wait_for(lambda: _has_default_sa(core, name), timeout=30, what="default ServiceAccount")
     yield name
+    delete_namespace(core, name)
+
+
+def delete_namespace(core: client.CoreV1Api, name: str, timeout: float = 90) -> None:
+    """Delete a test namespace, its TPUTrainingJobs first (waiting for them, within reason).
+
+    A namespace deletion alone can leave its jobs behind for good under an operator that
+    watches namespaces by pattern (`--namespace test-*`): the operator framework stops
+    watching a namespace once it is marked for deletion with no blocking condition, which can
+    happen before the namespace controller marks the jobs, and a job nobody watches keeps its
+    finalizer (and the pools it holds) while the namespace waits on it. Deleting the jobs while
+    the namespace is still active keeps one test's jobs out of the next test's way.
+    """
+    custom = client.CustomObjectsApi(core.api_client)
+    with contextlib.suppress(ApiException):
+        custom.delete_collection_namespaced_custom_object(GROUP, VERSION, name, PLURAL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not custom.list_namespaced_custom_object(GROUP, VERSION, name, PLURAL)["items"]:
+                break
+        except ApiException:
+            break
+        time.sleep(0.5)
     core.delete_namespace(name)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from tests.e2e.conftest import CHART, LocalCluster, wait_for
+from tests.e2e.conftest import CHART, LocalCluster, delete_namespace, wait_for
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, assert_recovered, training_job
 
 from tpujob import labels
@@ -49,8 +49,8 @@ def _installed(cluster: LocalCluster, core: client.CoreV1Api,
     try:
         yield system, jobs, checkpoints
     finally:
+        delete_namespace(core, jobs)  # while the operator that removes their finalizers runs
         helm(cluster, "uninstall", "tpujob", "--namespace", system, "--wait")
-        core.delete_namespace(jobs)
         core.delete_namespace(system)
 
 

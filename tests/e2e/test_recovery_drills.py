@@ -31,6 +31,7 @@ from tests.e2e.conftest import (
     LocalCluster,
     _has_default_sa,
     crd_names,
+    delete_namespace,
     wait_established,
     wait_for,
 )
@@ -76,7 +77,7 @@ def drill_namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> I
     base = request.node.name.removeprefix("test_").replace("_", "-")[:30].strip("-")
     name = _new_namespace(core, base)
     yield name
-    core.delete_namespace(name)
+    delete_namespace(core, name)
 
 
 def finished(run: Run, timeout: float = 300) -> dict[str, Any]:
@@ -414,7 +415,7 @@ def test_apiserver_outage_leaves_training_jobs_untouched(
             assert [p.metadata.labels[labels.ATTEMPT] for p in run.pods()] == ["1", "1"]
     finally:
         for ns in namespaces:
-            core.delete_namespace(ns)
+            delete_namespace(core, ns)
 
 
 # A slice of one host: its trainer trains alone, so with its kubelet cut off it trains on.
@@ -476,7 +477,7 @@ def test_node_cut_off_while_its_trainer_trains_on_cannot_touch_the_new_attempts_
     finally:
         if node:
             faults.set_node_fault(cluster.state_dir, node, kubelet_stopped=False)
-        core.delete_namespace(namespace)
+        delete_namespace(core, namespace)
         operator.stop()
     old_saves, new_saves = saves(old_log), saves(new_log)
     restored = re.search(r"resumed from step (\d+)", new_log)

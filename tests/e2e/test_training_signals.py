@@ -224,11 +224,6 @@ def test_an_oom_kill_that_the_warning_predicted_is_graded_as_a_leak(
     assert run.wait_phase("Succeeded")["restarts"]["medium"] == 1
 
 
-# Not strict: passes alone; run after the tenant-isolation test in one session it has waited
-# for a pool after its maintenance restart ("no healthy pool yet") until the test's timeout.
-# The cause (a pool still held or judged unhealthy after the earlier test) is not found yet.
-@pytest.mark.xfail(strict=False, reason="in suite order its maintenance restart can wait for "
-                   "a pool past the timeout; cause under investigation (issue 16)")
 def test_the_sdk_example_loop_reports_progress_saves_on_sigterm_and_has_failures_diagnosed(
         cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
     """A user's own loop: its heartbeat is the job's progress, a maintenance SIGTERM makes it

@@ -72,9 +72,12 @@ class FlakyRestores:
         (UnicodeDecodeError("utf-8", b"\x85", 0, 1, "invalid start byte"), ReadFailure.CORRUPT),
         (KeyError('Item "default" was not found in the checkpoint'), ReadFailure.CORRUPT),
         (ValueError("DATA_LOSS: checksum mismatch"), ReadFailure.CORRUPT),
+        # TensorFlow's status errors by class, whatever their text says.
+        (type("UnavailableError", (Exception,), {})("gs://b/ckpt-6.index"), ReadFailure.TRANSIENT),
+        (type("DataLossError", (Exception,), {})("gs://b/ckpt-6.data"), ReadFailure.CORRUPT),
     ],
     ids=["eio", "timeout", "unavailable-status", "deadline-status", "undecodable-bytes",
-         "missing-item", "data-loss"],
+         "missing-item", "data-loss", "tf-unavailable", "tf-data-loss"],
 )
 def test_read_errors_are_transient_only_for_io_and_timeouts(
     error: BaseException, failure: ReadFailure

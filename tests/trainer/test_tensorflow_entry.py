@@ -1,7 +1,8 @@
 """`--framework tensorflow`: the same contract as the JAX loop, run as real TensorFlow processes.
 
 CONFIG_ERROR without TensorFlow (imports of it blocked in that one process), training and
-resume, the SIGTERM save and PREEMPTED, the non-finite loss stop, the device preflight.
+resume, a transient read error on restore retried, the SIGTERM save and PREEMPTED, the
+non-finite loss stop, the device preflight.
 """
 
 from __future__ import annotations
@@ -46,6 +47,23 @@ def test_tensorflow_trains_and_resumes_from_its_checkpoint(
     assert resumed.wait(TIMEOUT) == 0, resumed.log[-2000:]
     assert "resumed from step 6" in resumed.log and "step 6/" not in resumed.log
     assert "training steps 7..9" in resumed.log and resumed.last_step() == 9
+
+
+def test_a_transient_read_error_restoring_the_newest_checkpoint_is_retried_and_resumes_there(
+    trainer: Launcher, tmp_path: Path
+) -> None:
+    directory = tmp_path / "tf-ckpt"
+    args = (*TF, "--checkpoint-interval", "3", "--checkpoint-dir", str(directory))
+    first = trainer(*args, "--steps", "6", name="first")
+    assert first.wait(TIMEOUT) == 0, first.log[-2000:]
+    before = sorted(p.name for p in directory.iterdir())
+    resumed = trainer(*args, "--steps", "9", "--fault", "restore-error@6", name="resumed")
+    assert resumed.wait(TIMEOUT) == 0, resumed.log[-2000:]
+    assert "transient read error" in resumed.log and "injected" in resumed.log
+    assert "resumed from step 6" in resumed.log and "falling back" not in resumed.log
+    after = {p.name for p in directory.iterdir()}
+    assert {"ckpt-6.index", "ckpt-9.index"} <= after
+    assert all(name in after for name in before if not name.startswith("ckpt-3"))
 
 
 def test_sigterm_saves_the_step_reached_and_exits_preempted_with_it(

@@ -39,6 +39,10 @@ _TRANSIENT_MARKS = (
     "Stale file handle",
     "Too Many Requests",
     "503",
+    # TensorFlow's status errors, by class (their text rarely names the status).
+    "UnavailableError",
+    "DeadlineExceededError",
+    "AbortedError",
 )
 
 

@@ -18,6 +18,7 @@ a save has committed when it returns) and every worker resumes from them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -30,10 +31,11 @@ from tpujob_trainer import runtime
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.data import IN_FEATURES, make_batch
 from tpujob_trainer.failures import TrainerError
-from tpujob_trainer.faults import FaultKind
+from tpujob_trainer.faults import FaultKind, restore_error_from
 from tpujob_trainer.fencing import SaveGate
 from tpujob_trainer.loss_guard import LossGuard
 from tpujob_trainer.preflight import DeviceProbe, check_devices
+from tpujob_trainer.restore_policy import ReadFailure, RetryPolicy, classify_read_error, first_line
 from tpujob_trainer.rollback import data_index
 
 log = logging.getLogger("tpujob_trainer.tensorflow")
@@ -65,6 +67,8 @@ def _step_of(path: str) -> int:
 class TensorFlowTrainer(runtime.Loop):
     """One worker's part of a TensorFlow job. Not reusable: build one per run."""
 
+    retry = RetryPolicy()
+
     def _strategy(self, tf: Any) -> tuple[Any, str]:
         """TPUStrategy when a TPU answers, else the default strategy; the preflight decides."""
         cfg = self.config
@@ -93,25 +97,59 @@ class TensorFlowTrainer(runtime.Loop):
     def _restore(self, tf: Any, checkpoint: Any, manager: Any) -> int:
         """Restore the newest checkpoint that loads (at or before the rollback step); 0 if none.
 
-        A checkpoint that does not load is skipped for the previous one; none loading while
-        some exist is CHECKPOINT_RESTORE_FAILED. Nothing is deleted.
+        The same rules as the JAX loop's (`restore_policy`): a read error that says only that
+        the storage did not answer is retried with backoff, and if it persists the run ends
+        with CHECKPOINT_RESTORE_FAILED, so a later attempt reads that checkpoint again instead
+        of training on from an older one beside it. A checkpoint that does not load is skipped
+        for the previous one; none loading while some exist is CHECKPOINT_RESTORE_FAILED.
+        Nothing is deleted.
         """
         resume_at = self.config.resume_step
         paths = [p for p in manager.checkpoints if resume_at is None or _step_of(p) <= resume_at]
+        read_error_from = restore_error_from(self.config.faults, worker=self.config.process_id,
+                                             attempt=self.config.attempt)
         for path in reversed(paths):
-            try:
-                checkpoint.restore(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, AssertionError, ValueError) as error:
-                log.warning("checkpoint %s cannot be restored (%s); falling back to the previous",
-                            path, str(error).splitlines()[0][:300])
-                continue
-            return int(checkpoint.step.numpy())
+            inject = read_error_from is not None and _step_of(path) >= read_error_from
+            read_error_from = None if inject else read_error_from
+            failure = self._read(tf, checkpoint, path, inject_error=inject)
+            if failure is None:
+                return int(checkpoint.step.numpy())
+            verdict, detail = failure
+            if verdict is ReadFailure.TRANSIENT:
+                raise TrainerError(
+                    ExitCode.CHECKPOINT_RESTORE_FAILED,
+                    f"checkpoint {path} could not be read after {self.retry.attempts} tries "
+                    f"({detail}); nothing was deleted, a later attempt reads it again. Check "
+                    "the checkpoint storage's availability",
+                )
+            log.warning("checkpoint %s cannot be restored (%s); falling back to the previous",
+                        path, detail)
         if paths:
             raise TrainerError(
                 ExitCode.CHECKPOINT_RESTORE_FAILED,
                 f"none of the checkpoints {paths} could be restored; nothing was deleted",
             )
         return 0
+
+    def _read(self, tf: Any, checkpoint: Any, path: str, *,
+              inject_error: bool) -> tuple[ReadFailure, str] | None:
+        """Restore `path`, retrying transient errors; None once loaded, else why not."""
+        delays = self.retry.delays()
+        while True:
+            try:
+                if inject_error:
+                    inject_error = False
+                    raise OSError(errno.EIO, f"injected transient read error on {path}")
+                checkpoint.restore(path).assert_existing_objects_matched()
+                return None
+            except (tf.errors.OpError, AssertionError, ValueError, OSError) as error:
+                verdict, detail = classify_read_error(error), first_line(error)
+                delay = next(delays, None) if verdict is ReadFailure.TRANSIENT else None
+                if delay is None:
+                    return verdict, detail
+                log.warning("checkpoint %s: transient read error (%s); retrying in %.1fs",
+                            path, detail, delay)
+                time.sleep(delay)
 
     def run(self) -> ExitCode:
         """Train with Keras to `config.steps`; OK, or PREEMPTED after SIGTERM and a save."""

@@ -90,6 +90,10 @@ class FailedNode(StatusModel):
         default=None, description="True once the node was seen tainted or cordoned as "
         "spec.recovery.badNodeAction says; until then every reconcile marks it again, so an "
         "operator restart between the decision and the mark cannot lose the mark.")
+    job_only: bool | None = Field(
+        default=None, description="True when only this job's own history blames the node (its "
+        "failure recurred there): this job avoids it and counts it, but it is not marked for "
+        "other jobs, since a job's author controls how its program fails.")
 
 
 class LastFailure(StatusModel):

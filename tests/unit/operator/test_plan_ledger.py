@@ -51,6 +51,8 @@ def test_a_soft_failure_on_a_node_another_tenant_blamed_lately_is_hard(
     if hard:
         assert result.diagnosis.failure_class is dx.FailureClass.HARD
         assert [n.name for n in result.status.failed_nodes] == ["pool-0-w1"]
+        assert [m.node for m in result.mark_nodes] == ["pool-0-w1"]  # across tenants: marked
+        assert not result.status.failed_nodes[0].job_only
         assert result.status.current_attempt.placement[0].node_pool != "pool-0"
         assert "different namespaces" in result.diagnosis.summary
     else:

@@ -56,6 +56,9 @@ def test_a_failure_that_recurs_is_graded_by_where_it_recurs(
                           RESTORE_FAILED, now=60)
     assert second.status.phase is phase
     assert [n.name for n in second.status.failed_nodes] == blamed
+    # The job's own history alone: this job avoids the node, no other job is kept off it.
+    assert all(n.job_only for n in second.status.failed_nodes)
+    assert second.mark_nodes == ()
     assert second.status.last_failure is not None
     assert any(evidence in e for e in second.status.last_failure.evidence)
     assert evidence in second.status.last_failure.summary
@@ -124,6 +127,20 @@ def test_a_crash_that_recurs_on_one_node_blames_it_whichever_worker_it_hits() ->
     assert second.status.restarts.hard == 1
     assert [n.name for n in second.status.failed_nodes] == ["pool-0-w1"]
     assert second.status.current_attempt.placement[0].node_pool != "pool-0"
+    assert second.mark_nodes == ()  # no taint from one job's own failures
+
+
+def test_a_job_that_fails_the_same_way_on_one_node_cannot_get_it_marked_even_later() -> None:
+    # The journal re-derives marks from status.failedNodes on every reconcile: a node only the
+    # job's own history blames must stay unmarked there too.
+    first_job = job_body(status=running_status())
+    first = fail_worker1(first_job, 1, "pool-0-w1", RESTORE_FAILED, now=20)
+    second = fail_worker1(next_job(first, "2026-01-01T12:00:30Z"), 2, "pool-0-w1",
+                          RESTORE_FAILED, now=60)
+    later = plan(observed(next_job(second, "2026-01-01T12:01:30Z")), now=at(95))
+    assert [n.name for n in later.status.failed_nodes] == ["pool-0-w1"]
+    assert later.mark_nodes == ()
+    assert "avoided by this job" in " ".join(e.message for e in second.events)
     assert second.status.last_failure is not None
     assert any("seen 2 times in a row on node pool-0-w1" in e
                for e in second.status.last_failure.evidence)
