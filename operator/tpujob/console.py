@@ -132,7 +132,8 @@ def describe_lines(job: TPUTrainingJob, now: datetime,
     rec = spec.recovery
     lines.append(f"  restarts   soft {r.soft}/{rec.max_soft_restarts}  medium "
                  f"{r.medium}/{rec.max_medium_restarts}  hard {r.hard}/{rec.max_hard_restarts}")
-    failed = ", ".join(n.name for n in st.failed_nodes) or "none"
+    failed = ", ".join(n.name + (" (avoided by this job only)" if n.job_only else "")
+                       for n in st.failed_nodes) or "none"
     lines.append(f"  bad nodes  {failed} (budget left {st.failed_node_budget_left})")
     if st.current_attempt.placement:
         lines.append("  placement  " + ", ".join(
