@@ -175,7 +175,11 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
              decision: Restart) -> None:
     job, now = obs.job, draft.now
     status = job.status
-    failed = list(status.failed_nodes)
+    # A node this job alone blamed before may now be blamed on evidence for everyone (lost,
+    # its TPUs unhealthy, the ledger): from then on it is marked like any other.
+    failed = [n.model_copy(update={"job_only": None})
+              if n.job_only and n.name in decision.mark_nodes else n
+              for n in status.failed_nodes]
     known = {n.name for n in failed}
     failed += [FailedNode(name=n, time=now, code=str(d.code),
                           job_only=None if n in decision.mark_nodes else True)

@@ -132,12 +132,13 @@ CHECKS: tuple[Callable[[dx.Diagnosis, TPUTrainingJob, Broken], FailJob | None], 
 
 
 def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
-    """Nodes a hard failure is blamed on: only on evidence the operator trusts.
+    """Nodes a hard failure is blamed on (this job's failed nodes): only on evidence.
 
-    That is the node's own state (lost, TPUs unhealthy) or the job's history (the failure
-    recurs on that node). A hard grade from the trainer's self-report, a user's rule or the
-    text model moves the slice but blames no node: a job's author must not be able to get a
-    node tainted.
+    That is the node's own state (lost, TPUs unhealthy), the cross-namespace ledger, or the
+    job's own history (the failure recurs on that node; this job avoids the node, `marks`
+    leaves it unmarked for the others). A hard grade from the trainer's self-report, a user's
+    rule or the text model moves the slice but blames no node: a job's author must not be able
+    to get a node tainted.
     """
     if d.failure_class is not dx.FailureClass.HARD or d.code in NOT_THE_NODES_FAULT:
         return ()

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from tests.unit.operator.builders import (
     at,
+    cluster,
     iso,
     job_body,
     lease,
@@ -16,7 +17,7 @@ from tests.unit.operator.builders import (
     trainer_message,
 )
 
-from tpujob import contract
+from tpujob import contract, labels
 from tpujob import diagnosis as dx
 from tpujob.api import Phase
 from tpujob.plan import Plan
@@ -144,3 +145,21 @@ def test_a_job_that_fails_the_same_way_on_one_node_cannot_get_it_marked_even_lat
     assert second.status.last_failure is not None
     assert any("seen 2 times in a row on node pool-0-w1" in e
                for e in second.status.last_failure.evidence)
+
+
+def test_a_node_the_job_alone_blamed_is_marked_once_it_is_lost() -> None:
+    first_job = job_body(status=running_status())
+    first = fail_worker1(first_job, 1, "pool-0-w1", RESTORE_FAILED, now=20)
+    second = fail_worker1(next_job(first, "2026-01-01T12:00:30Z"), 2, "pool-0-w1",
+                          RESTORE_FAILED, now=60)
+    assert [n.job_only for n in second.status.failed_nodes] == [True]
+    # Attempt 3 landed back on that pool after all, and the node is lost under it.
+    job = next_job(second, "2026-01-01T12:01:30Z")
+    job["status"]["currentAttempt"]["placement"] = [{"slice": 0, "nodePool": "pool-0"}]
+    nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown",
+                                        "taints": (labels.UNREACHABLE_TAINT,)}})
+    lost = plan(observed(job, [pod(job, 3, 0, 0, node_name="pool-0-w0"),
+                               pod(job, 3, 0, 1, node_name="pool-0-w1")], nodes=nodes),
+                now=at(200))
+    assert [(n.name, n.job_only) for n in lost.status.failed_nodes] == [("pool-0-w1", None)]
+    assert [m.node for m in lost.mark_nodes] == ["pool-0-w1"]
