@@ -95,16 +95,12 @@ class Run:
         items = self.core.list_namespaced_event(self.namespace).items
         return [str(e.message) for e in items if e.involved_object.name == self.name]
 
-    def told(self, check: Any, timeout: float = 30) -> bool:
-        """Whether an Event of this job satisfies `check` within `timeout`. The operator tells
-        Events after the status write they belong to, so a test that just saw that status
-        may look a moment before the Event exists."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(check(m) for m in self.events()):
-                return True
-            time.sleep(0.5)
-        return False
+    def told(self, check: Any, timeout: float = 30) -> list[str]:
+        """This job's Event messages that satisfy `check`, waiting for one up to `timeout`.
+        The operator tells Events after the status write they belong to, so a test that just
+        saw that status may look a moment before the Event exists."""
+        return list(wait_for(lambda: [m for m in self.events() if check(m)], timeout=timeout,
+                             what=f"an Event of {self.name} as expected"))
 
 
 def timeline_kinds(status: dict[str, Any]) -> list[str]:
@@ -215,8 +211,7 @@ def test_shape_mismatch_is_fatal_at_once_with_advice(
     assert status["lastFailure"]["code"] == "SHAPE_MISMATCH"
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "FatalFailure"
-    assert run.told(lambda m: m.startswith("[FATAL] SHAPE_MISMATCH")), \
-        run.events()
+    run.told(lambda m: m.startswith("[FATAL] SHAPE_MISMATCH"))
 
 
 def test_the_same_failure_at_the_same_step_twice_becomes_fatal(
