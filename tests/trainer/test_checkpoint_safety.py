@@ -22,6 +22,7 @@ from tpujob_trainer.restore_policy import (
     RetryPolicy,
     classify_read_error,
     judge_step_metadata,
+    read_with_retries,
 )
 
 pytestmark = pytest.mark.trainer
@@ -212,3 +213,25 @@ def test_committed_step_moves_only_when_the_async_save_finished(tmp_path: Path) 
     # Right after the save started, the heartbeat must still say 3 unless it already landed.
     assert checkpoints.committed_step() in (3, 6)
     assert checkpoints.close() == 6
+
+
+def test_a_read_retries_only_the_errors_it_is_told_and_lets_others_through() -> None:
+    slept: list[float] = []
+
+    def failing_once(error: Exception) -> Any:
+        errors = [error]
+
+        def read() -> str:
+            if errors:
+                raise errors.pop()
+            return "state"
+        return read
+
+    policy = RetryPolicy(attempts=3)
+    assert read_with_retries(failing_once(OSError(errno.EIO, "Input/output error")), policy,
+                             what="step 1", errors=(OSError,), sleep=slept.append) == "state"
+    assert slept == [0.5]
+    with pytest.raises(KeyError):  # not a read error of this storage: a bug, not corruption
+        read_with_retries(failing_once(KeyError("x")), policy, what="step 1", errors=(OSError,),
+                          sleep=slept.append)
+    assert slept == [0.5]

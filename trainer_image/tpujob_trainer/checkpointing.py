@@ -43,11 +43,11 @@ from tpujob_trainer.restore_policy import (
     ITEM_NAME,
     STEP_METADATA,
     Evidence,
+    ReadFailed,
     ReadFailure,
     RetryPolicy,
-    classify_read_error,
-    first_line,
     judge_step_metadata,
+    read_with_retries,
 )
 
 log = logging.getLogger(__name__)
@@ -216,22 +216,21 @@ class Checkpoints:
 
     def _read(self, step: int, abstract: State) -> State | _Corrupt | _Unreadable:
         """One step, with transient errors retried; the state or why it did not load."""
-        delays = self._retry.delays()
-        while True:
-            try:
-                evidence = self._inspect(step)
-                if evidence is not None:
-                    return _Corrupt(evidence, "the step's files say it was not committed whole")
-                return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-            except Exception as error:
-                if classify_read_error(error) is ReadFailure.CORRUPT:
-                    return _Corrupt(Evidence.UNDECODABLE, first_line(error))
-                delay = next(delays, None)
-                if delay is None:
-                    return _Unreadable(first_line(error))
-                log.warning("checkpoint step %d: transient read error (%s); retrying in %.1fs",
-                            step, first_line(error), delay)
-                self._sleep(delay)
+
+        def load() -> State | _Corrupt:
+            evidence = self._inspect(step)
+            if evidence is not None:
+                return _Corrupt(evidence, "the step's files say it was not committed whole")
+            restored: State = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+            return restored
+
+        outcome = read_with_retries(load, self._retry, what=f"checkpoint step {step}",
+                                    sleep=self._sleep)
+        if not isinstance(outcome, ReadFailed):
+            return outcome
+        if outcome.failure is ReadFailure.CORRUPT:
+            return _Corrupt(Evidence.UNDECODABLE, outcome.detail)
+        return _Unreadable(outcome.detail)
 
     def _inspect(self, step: int) -> Evidence | None:
         """Evidence of corruption in the step's layout; raises OSError when storage fails."""

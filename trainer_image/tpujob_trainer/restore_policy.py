@@ -1,6 +1,8 @@
 """When a checkpoint step that fails to read is corrupt, and when it is only unreachable.
 
-Pure rules, used by `checkpointing`. A failed read is one of two things:
+Rules used by both training loops' restores (`checkpointing`, `tf_trainer`); only
+`read_with_retries` acts (it calls the read it is given and sleeps between tries). A failed
+read is one of two things:
 
 * **transient**: the storage did not answer (an `OSError`, a timeout, a gRPC-style status such
   as UNAVAILABLE or DEADLINE_EXCEEDED in a tensorstore error). Nothing is known about the step,
@@ -17,8 +19,14 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Files orbax writes into every committed step (0.11+): the step's own metadata, and the
 # item's metadata inside the item directory. A step without them was never committed whole.
@@ -107,3 +115,34 @@ class RetryPolicy:
 def first_line(error: BaseException, limit: int = 300) -> str:
     """`Type: first line` of an error, bounded for logs and termination messages."""
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"[:limit]
+
+
+@dataclass(frozen=True)
+class ReadFailed:
+    """A read that did not succeed, and what its last error says about the checkpoint."""
+
+    failure: ReadFailure
+    detail: str
+
+
+def read_with_retries(
+    read: Callable[[], T],
+    policy: RetryPolicy,
+    *,
+    what: str,
+    errors: tuple[type[BaseException], ...] = (Exception,),
+    sleep: Callable[[float], None] = time.sleep,
+) -> T | ReadFailed:
+    """`read()`'s value, retrying transient `errors` with the policy's backoff; otherwise why
+    it failed: corrupt at the first such error, transient once the retries are spent."""
+    delays = policy.delays()
+    while True:
+        try:
+            return read()
+        except errors as error:
+            failure, detail = classify_read_error(error), first_line(error)
+            delay = next(delays, None) if failure is ReadFailure.TRANSIENT else None
+            if delay is None:
+                return ReadFailed(failure, detail)
+            log.warning("%s: transient read error (%s); retrying in %.1fs", what, detail, delay)
+            sleep(delay)

@@ -35,7 +35,7 @@ from tpujob_trainer.faults import FaultKind, restore_error_from
 from tpujob_trainer.fencing import SaveGate
 from tpujob_trainer.loss_guard import LossGuard
 from tpujob_trainer.preflight import DeviceProbe, check_devices
-from tpujob_trainer.restore_policy import ReadFailure, RetryPolicy, classify_read_error, first_line
+from tpujob_trainer.restore_policy import ReadFailed, ReadFailure, RetryPolicy, read_with_retries
 from tpujob_trainer.rollback import data_index
 
 log = logging.getLogger("tpujob_trainer.tensorflow")
@@ -114,8 +114,8 @@ class TensorFlowTrainer(runtime.Loop):
             failure = self._read(tf, checkpoint, path, inject_error=inject)
             if failure is None:
                 return int(checkpoint.step.numpy())
-            verdict, detail = failure
-            if verdict is ReadFailure.TRANSIENT:
+            detail = failure.detail
+            if failure.failure is ReadFailure.TRANSIENT:
                 raise TrainerError(
                     ExitCode.CHECKPOINT_RESTORE_FAILED,
                     f"checkpoint {path} could not be read after {self.retry.attempts} tries "
@@ -132,24 +132,19 @@ class TensorFlowTrainer(runtime.Loop):
         return 0
 
     def _read(self, tf: Any, checkpoint: Any, path: str, *,
-              inject_error: bool) -> tuple[ReadFailure, str] | None:
+              inject_error: bool) -> ReadFailed | None:
         """Restore `path`, retrying transient errors; None once loaded, else why not."""
-        delays = self.retry.delays()
-        while True:
-            try:
-                if inject_error:
-                    inject_error = False
-                    raise OSError(errno.EIO, f"injected transient read error on {path}")
-                checkpoint.restore(path).assert_existing_objects_matched()
-                return None
-            except (tf.errors.OpError, AssertionError, ValueError, OSError) as error:
-                verdict, detail = classify_read_error(error), first_line(error)
-                delay = next(delays, None) if verdict is ReadFailure.TRANSIENT else None
-                if delay is None:
-                    return verdict, detail
-                log.warning("checkpoint %s: transient read error (%s); retrying in %.1fs",
-                            path, detail, delay)
-                time.sleep(delay)
+        def load() -> None:
+            nonlocal inject_error
+            if inject_error:
+                inject_error = False
+                raise OSError(errno.EIO, f"injected transient read error on {path}")
+            checkpoint.restore(path).assert_existing_objects_matched()
+
+        outcome = read_with_retries(
+            load, self.retry, what=f"checkpoint {path}",
+            errors=(tf.errors.OpError, AssertionError, ValueError, OSError))
+        return outcome if isinstance(outcome, ReadFailed) else None
 
     def run(self) -> ExitCode:
         """Train with Keras to `config.steps`; OK, or PREEMPTED after SIGTERM and a save."""
