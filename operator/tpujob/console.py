@@ -15,7 +15,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpujob.api import GROUP, PLURAL, VERSION, GoodputBreakdown, TPUTrainingJob, parse_job
+from tpujob.api import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ConditionStatus,
+    ConditionType,
+    GoodputBreakdown,
+    TPUTrainingJob,
+    parse_job,
+)
 from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
 
 
@@ -91,11 +100,21 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def catalogue_warnings(job: TPUTrainingJob, catalogue: Catalogue | None) -> list[str]:
-    """A warning line when the catalogue's zones offer the job's shape nowhere; never blocks."""
-    check = check_shape(catalogue, job.spec.tpu.accelerator, job.spec.tpu.topology)
-    if check.level is not FindingLevel.WARNING:
-        return []
-    return [f"[yellow]warning: {escape(check.message)}[/yellow]"]
+    """A warning line when the catalogue's zones offer the job's shape nowhere; never blocks.
+
+    Without a catalogue of its own (`--project`), describe repeats what the operator's
+    catalogue said (the job's ShapeOffered condition)."""
+    if catalogue is None:
+        told = job.status.condition(ConditionType.SHAPE_OFFERED)
+        if told is None or told.status != ConditionStatus.FALSE:
+            return []
+        message = f"{told.message or 'shape offered in no zone'} (the operator's catalogue)"
+    else:
+        check = check_shape(catalogue, job.spec.tpu.accelerator, job.spec.tpu.topology)
+        if check.level is not FindingLevel.WARNING:
+            return []
+        message = check.message
+    return [f"[yellow]warning: {escape(message)}[/yellow]"]
 
 
 def goodput_parts(parts: GoodputBreakdown) -> list[tuple[str, float]]:

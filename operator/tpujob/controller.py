@@ -317,7 +317,10 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
     if result.delete_job:
         deps.writer.delete_job(body)
     for event in result.events:
-        deps.writer.event(body, event)
+        # A journaled Event is told again until the status that clears it is seen: log it
+        # only when this call told it.
+        if deps.writer.event(body, event):
+            log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
 
 
 def _lease_access(deps: Deps, namespace: str) -> None:
@@ -339,8 +342,6 @@ def _lease_access(deps: Deps, namespace: str) -> None:
 
 def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
     status = result.status
-    for event in result.events:
-        log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
     if result.diagnosis is not None:
         d = result.diagnosis
         deps.metrics.record_failure(str(d.failure_class), str(d.code),

@@ -72,6 +72,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE"),
                    help="namespace of the node ledger's ConfigMap (default: the operator "
                         "pod's own); without one the ledger is kept in memory only")
+    p.add_argument("--trust-job-history", action="append", default=[], metavar="NAMESPACE",
+                   help="namespaces (glob patterns; repeatable) whose jobs' own history may "
+                        "taint a node: a failure recurring on one node marks it bad for every "
+                        "job. Elsewhere the job only avoids that node, since a job's author "
+                        "controls how its program fails; give only namespaces whose code you "
+                        "trust (on a single-team cluster: '*')")
     p.add_argument("--lease-role", default=None,
                    help="watching every namespace: the ClusterRole granting Lease writes, which "
                         "the operator binds to itself in each namespace it runs a job in")
@@ -119,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         collective_timeout_seconds=args.collective_timeout,
         node_health=NodeHealthSettings(
             not_ready_grace_seconds=args.node_not_ready_grace,
-            tpu_shortfall_grace_seconds=args.tpu_shortfall_grace))
+            tpu_shortfall_grace_seconds=args.tpu_shortfall_grace),
+        trusted_namespaces=tuple(args.trust_job_history))
     deps = Deps(
         reader=Reader(api), writer=Writer(api), metrics=metrics, settings=settings,
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from fnmatch import fnmatchcase
 from typing import Any
 
 from tpujob import diagnosis as dx
@@ -62,6 +63,14 @@ class PlannerSettings:
     collective_timeout_seconds: int = 60
     # How long a node's trouble must last before it is a failure (debounce).
     node_health: NodeHealthSettings = DEFAULT_HEALTH
+    # Namespaces (glob patterns) whose jobs' own history may get a node marked for everyone:
+    # a failure recurring on one node taints it. Elsewhere that node is only avoided by the job
+    # (a job's author controls how its program fails, so on a shared cluster one tenant must
+    # not be able to taint nodes); the cross-namespace ledger marks it there.
+    trusted_namespaces: tuple[str, ...] = ()
+
+    def trusts_history_of(self, namespace: str) -> bool:
+        return any(fnmatchcase(namespace, pattern) for pattern in self.trusted_namespaces)
 
 
 @dataclass(frozen=True)

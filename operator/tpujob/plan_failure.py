@@ -93,10 +93,13 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
                           blames=obs.node_blames, now=draft.now)
     d, draft.ledger_blame = shared.diagnosis, shared.blame
     own_blame = recalled.blamed_node or _busy_device_node(d, broken)
-    if own_blame or shared.blamed_node:
+    marked = shared.blamed_node
+    if marked is None and recalled.blamed_node and settings.trusts_history_of(job.namespace):
+        marked, own_blame = recalled.blamed_node, None
+    if own_blame or marked:
         slices = broken.slices | ({broken.root_slice} if broken.root_slice is not None else set())
         broken = replace(broken, slices=frozenset(slices),
-                         history_nodes=(shared.blamed_node,) if shared.blamed_node else (),
+                         history_nodes=(marked,) if marked else (),
                          job_nodes=(own_blame,) if own_blame else ())
     decision = decide(d, job, broken,
                       base_collective_timeout=settings.collective_timeout_seconds)

@@ -33,7 +33,6 @@ ESCALATION_ADVICE = {
                              "program or its configuration: fix the cause in the evidence",
     Escalation.GIVE_UP: "the failure did not clear after restarts and backoffs; read the "
                         "worker logs",
-    Escalation.SAME_NODE: "the node was tainted; the slice runs elsewhere",
 }
 
 
@@ -87,8 +86,7 @@ def recall(d: dx.Diagnosis, history: Sequence[FailureRecord], *, attempt: int,
             d, failure_class=verdict.failure_class,
             summary=f"{d.summary} ({verdict.evidence})",
             evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, verdict.evidence)),
-            advice=ESCALATION_ADVICE.get(verdict.escalation, d.advice) if
-            verdict.escalation is not Escalation.SAME_NODE else d.advice)
+            advice=ESCALATION_ADVICE.get(verdict.escalation, d.advice))
         blamed = verdict.blamed_node
     record = FailureRecord.model_validate({
         "signature": d.signature[:256], "code": str(d.code), "step": d.step, "node": node,

@@ -21,7 +21,7 @@ from tpujob.api import (
 )
 from tpujob.api.attempt import AttemptStatus
 from tpujob.failure_facts import find_trouble
-from tpujob.gcp.catalogue import pool_advice
+from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
 from tpujob.observed import Observed, PodView
 from tpujob.placement import placement, pools_of
 from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
@@ -46,6 +46,8 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     slow = job.status.condition(ConditionType.PLANNING_SLOW)
     if slow is not None and slow.status == ConditionStatus.TRUE:
         draft.condition(ConditionType.PLANNING_SLOW, False, "WithinBudget")
+    if job.status.phase not in TERMINAL:
+        _shape_offered(obs, draft)
     if job.status.phase in TERMINAL:
         # A finished job is woken by changes to its own pods; nothing else is worth a poll.
         draft.requeue_after = FINISHED_POLL_SECONDS
@@ -61,6 +63,22 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
     return draft.done()
+
+
+def _shape_offered(obs: Observed, draft: Draft) -> None:
+    """The zone catalogue's word on the job's shape, as a condition (and an Event when it
+    turns to "offered nowhere"). Advice only; without a readable catalogue it says nothing and
+    leaves what it said before."""
+    tpu = obs.job.spec.tpu
+    check = check_shape(obs.catalogue, tpu.accelerator, tpu.topology)
+    if check.level is FindingLevel.INFO:
+        return
+    offered = check.level is FindingLevel.OK
+    before = obs.job.status.condition(ConditionType.SHAPE_OFFERED)
+    draft.condition(ConditionType.SHAPE_OFFERED, offered, "Offered" if offered else "NotOffered",
+                    check.message)
+    if not offered and (before is None or before.status != ConditionStatus.FALSE):
+        draft.event("Warning", "ShapeNotOffered", check.message)
 
 
 def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
@@ -164,8 +182,11 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
             # Stuck Terminating: its kubelet is gone (or never answers). Free the name and
             # the chips instead of waiting for pod garbage collection.
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, 0))
-            draft.timeline("ForceDeleted", f"pod {pod.name} was stuck terminating on "
-                                           f"{pod.node or 'no node'}")
+            told = f"pod {pod.name} was stuck terminating on {pod.node or 'no node'}"
+            # The cache may show the pod again before the force delete lands: say it once.
+            if not any(e.kind == "ForceDeleted" and e.message == told
+                       for e in draft.status.timeline):
+                draft.timeline("ForceDeleted", told)
         if not pod.terminal and not node_gone:
             blocking.append(pod)
     return blocking

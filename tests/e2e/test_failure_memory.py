@@ -4,13 +4,16 @@ The same deterministic failure strikes slice 0 in attempt 1 and slice 1 in attem
 first is retried, the second ends the job fatal, with the recurrence as the evidence. A
 worker crashing on one node in attempt 1 and again on that node in attempt 2 is the node: the
 slice moves to another pool and the job trains to the end there; the node is this job's failed
-node, not tainted for the others (one job's own failures never mark a node).
+node, not tainted for the others (one job's own failures never mark a node), unless the job's
+namespace is one the operator trusts with its history (`--trust-job-history`): then the node is
+tainted.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -47,9 +50,10 @@ def test_the_same_failure_on_two_slices_ends_the_job_fatal_after_the_second(
     run.told(lambda m: "FATAL" in m)
 
 
-def test_a_failure_that_repeats_on_one_node_moves_the_slice_off_it_without_a_taint(
-        cluster: LocalCluster, core: client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, tmp_path: Path) -> None:
+def repeat_on_one_node(cluster: LocalCluster, namespace: str, operator: OperatorProcess,
+                       tmp_path: Path) -> tuple[dict[str, Any], str, Run]:
+    """A job whose worker crashes on one node twice, trained to the end elsewhere; checks what
+    holds wherever the namespace is, returns the final status and the node."""
     # A worker on one node dies of SIGSEGV (a host's memory errors look like this) mid-training,
     # and again as attempt 2 starts on that node, before it trains past the step attempt 1
     # reached. A restart keeps the slice's pool, not each worker's node (the scheduler may swap
@@ -88,11 +92,35 @@ def test_a_failure_that_repeats_on_one_node_moves_the_slice_off_it_without_a_tai
     failure = status["lastFailure"]
     assert (failure["class"], failure["node"]) == ("hard", node), failure
     assert any(f"seen 2 times in a row on node {node}" in e for e in failure["evidence"]), failure
-    assert [(n["name"], n.get("jobOnly")) for n in status["failedNodes"]] == [(node, True)]
-    # One job's own failures cannot get a node tainted for everyone (a job's author controls
-    # how its program fails); the cross-namespace ledger can.
-    taints = {t.key for t in core.read_node(node).spec.taints or []}
-    assert labels.BAD_NODE_TAINT not in taints
     assert status["currentAttempt"]["placement"][0]["nodePool"] != pool, context
     assert status["progress"]["step"] == 100
     assert any(m.startswith("[HARD]") and node in m for m in run.events()), run.events()
+    return status, node, run
+
+
+def tpujob_taint(core: client.CoreV1Api, node: str) -> str | None:
+    return next((t.value for t in core.read_node(node).spec.taints or []
+                 if t.key == labels.BAD_NODE_TAINT), None)
+
+
+def test_a_failure_that_repeats_on_one_node_moves_the_slice_off_it_without_a_taint(
+        cluster: LocalCluster, core: client.CoreV1Api, namespace: str,
+        operator: OperatorProcess, tmp_path: Path) -> None:
+    status, node, _ = repeat_on_one_node(cluster, namespace, operator, tmp_path)
+    assert [(n["name"], n.get("jobOnly")) for n in status["failedNodes"]] == [(node, True)]
+    # One job's own failures cannot get a node tainted for everyone (a job's author controls
+    # how its program fails); the cross-namespace ledger can.
+    assert tpujob_taint(core, node) is None
+
+
+def test_trusted_namespace_a_failure_that_repeats_on_one_node_taints_it(
+        cluster: LocalCluster, core: client.CoreV1Api, namespace: str,
+        operator: OperatorProcess, tmp_path: Path) -> None:
+    # This namespace (test-trusted-...) is one the operator trusts with its jobs' history
+    # (`--trust-job-history`, chart value nodeBlame.trustedNamespaces): the node is marked bad.
+    assert namespace.startswith("test-trusted-")
+    status, node, run = repeat_on_one_node(cluster, namespace, operator, tmp_path)
+    assert [(n["name"], n.get("jobOnly"), n.get("marked")) for n in status["failedNodes"]] == \
+        [(node, None, True)], status["failedNodes"]
+    assert tpujob_taint(core, node) is not None
+    assert any("marked bad" in m and node in m for m in run.events()), run.events()

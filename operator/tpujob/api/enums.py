@@ -85,3 +85,6 @@ class ConditionType(enum.StrEnum):
     """True while a worker's host memory grows towards its limit (projected time given)."""
     PLANNING_SLOW = "PlanningSlow"
     """True when planning the job (its diagnosis included) overran the operator's budget."""
+    SHAPE_OFFERED = "ShapeOffered"
+    """False when the operator's Cloud TPU zone catalogue offers the job's accelerator and
+    topology in none of its zones (advice only: the job still runs where a pool exists)."""

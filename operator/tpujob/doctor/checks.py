@@ -16,7 +16,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from tpujob import labels, topology
-from tpujob.api import GROUP, PLURAL, VERSION
+from tpujob.api import GROUP, PLURAL, VERSION, ConditionStatus, ConditionType
 from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -226,11 +226,33 @@ def check_pod_security(snap: Snapshot) -> list[Finding]:
     return findings
 
 
+def _operator_said(jobs: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """What the operator's own catalogue said of each job's shape (its ShapeOffered condition)."""
+    findings = []
+    for job in jobs:
+        status = job.get("status")
+        conditions = status.get("conditions") if isinstance(status, Mapping) else None
+        said = next((c for c in conditions if isinstance(c, Mapping)
+                     and c.get("type") == ConditionType.SHAPE_OFFERED), None) \
+            if isinstance(conditions, list) else None
+        if said is None:
+            continue
+        meta = _meta(job)
+        offered = said.get("status") == ConditionStatus.TRUE
+        findings.append(Finding(
+            Check.CATALOGUE, Level.OK if offered else Level.WARNING,
+            f"job {meta.get('namespace')}/{meta.get('name')}",
+            f"{said.get('message') or ''} (the operator's catalogue)",
+            "" if offered else "choose a zone that offers it, or another shape"))
+    return findings
+
+
 def check_catalogue(snap: Snapshot) -> list[Finding]:
     if snap.catalogue is None:
-        return [Finding(Check.CATALOGUE, Level.INFO, "zones", "no zone catalogue configured",
-                        "pass --project and --zones to check shapes against the Cloud TPU "
-                        "catalogue")]
+        return _operator_said(snap.jobs) or [
+            Finding(Check.CATALOGUE, Level.INFO, "zones", "no zone catalogue configured",
+                    "pass --project and --zones to check shapes against the Cloud TPU "
+                    "catalogue, or give the operator one (chart values catalogue.*)")]
     findings = [Finding(Check.CATALOGUE, Level.INFO, zone, f"unreadable ({detail})",
                         "grant tpu.acceleratorTypes.list or check the zone name")
                 for zone, (_, detail) in sorted(snap.catalogue.problems.items())]

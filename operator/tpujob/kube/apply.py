@@ -145,8 +145,9 @@ class Writer:
         with contextlib.suppress(NotFoundError):
             call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
 
-    def event(self, body: Mapping[str, Any], spec: EventSpec) -> None:
-        """Create the Event under a name derived from its content: told again, it exists."""
+    def event(self, body: Mapping[str, Any], spec: EventSpec) -> bool:
+        """Create the Event under a name derived from its content: told again, it exists.
+        True when this call told it."""
         meta = body["metadata"]
         now = spec.at or dt.datetime.now(dt.UTC)
         event = {
@@ -160,8 +161,11 @@ class Writer:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         # Already told (a name that exists), or lost: the status holds the facts either way.
-        with contextlib.suppress(KubeError):
+        try:
             call(self.core.create_namespaced_event, meta["namespace"], event)
+        except KubeError:
+            return False
+        return True
 
     def bind_cluster_role(self, namespace: str, name: str, role: str, account: str,
                           account_namespace: str) -> None:

@@ -115,8 +115,9 @@ class RecordingWriter:
     def delete_job(self, body: dict[str, Any]) -> None:
         self._record("delete-job", body["metadata"]["name"])
 
-    def event(self, body: dict[str, Any], spec: EventSpec) -> None:
+    def event(self, body: dict[str, Any], spec: EventSpec) -> bool:
         self._record("event", spec.reason)
+        return True
 
     def kinds(self) -> list[str]:
         return [what for what, _ in self.calls]

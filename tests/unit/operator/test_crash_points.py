@@ -105,12 +105,14 @@ class SimWriter:
                            "effect": "NoSchedule"})
             self.sim.taints_added[mark.node] += 1
 
-    def event(self, body: dict[str, Any], spec: EventSpec) -> None:
+    def event(self, body: dict[str, Any], spec: EventSpec) -> bool:
         self._effect()
         name = event_name(body["metadata"], spec)
-        if name not in self.sim.events:
+        new = name not in self.sim.events
+        if new:
             self.sim.told.append((spec.reason, spec.message))
         self.sim.events[name] += 1
+        return new
 
     def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:
         self._effect()

@@ -20,7 +20,7 @@ from tests.unit.operator.builders import (
 from tpujob import contract, labels
 from tpujob import diagnosis as dx
 from tpujob.api import Phase
-from tpujob.plan import Plan
+from tpujob.plan import Plan, PlannerSettings
 from tpujob.plan_memory import weigh_model_guess
 from tpujob.planning import plan
 
@@ -29,12 +29,12 @@ RESTORE_FAILED = trainer_message(contract.ExitCode.CHECKPOINT_RESTORE_FAILED,
 
 
 def fail_worker1(job: dict[str, Any], attempt: int, node: str, message: str,
-                 now: float) -> Plan:
+                 now: float, *, settings: PlannerSettings | None = None) -> Plan:
     pool = node.rsplit("-", 1)[0]
     pods = [pod(job, attempt, 0, 0, node_name=f"{pool}-w0"),
             pod(job, attempt, 0, 1, phase="Failed", exit_code=1, message=message,
                 node_name=node)]
-    return plan(observed(job, pods), now=at(now))
+    return plan(observed(job, pods), now=at(now), settings=settings or PlannerSettings())
 
 
 def next_job(result: Plan, launched: str) -> dict[str, Any]:
@@ -163,3 +163,20 @@ def test_a_node_the_job_alone_blamed_is_marked_once_it_is_lost() -> None:
                 now=at(200))
     assert [(n.name, n.job_only) for n in lost.status.failed_nodes] == [("pool-0-w1", None)]
     assert [m.node for m in lost.mark_nodes] == ["pool-0-w1"]
+
+
+@pytest.mark.parametrize(("trusted", "marked"), [
+    (("team",), True), (("te*",), True), (("*",), True), (("other", "team-*"), False), ((), False),
+], ids=["named", "pattern", "everyone", "not-this-one", "no-one"])
+def test_a_trusted_namespaces_repeat_on_one_node_marks_the_node_for_everyone(
+        trusted: tuple[str, ...], marked: bool) -> None:
+    settings = PlannerSettings(trusted_namespaces=trusted)
+    first = fail_worker1(job_body(status=running_status()), 1, "pool-0-w1", RESTORE_FAILED,
+                         now=20, settings=settings)
+    second = fail_worker1(next_job(first, "2026-01-01T12:00:30Z"), 2, "pool-0-w1",
+                          RESTORE_FAILED, now=60, settings=settings)
+    assert second.status.phase is Phase.RECOVERING
+    assert second.status.current_attempt.placement[0].node_pool != "pool-0"
+    assert [(n.name, n.job_only) for n in second.status.failed_nodes] == \
+        [("pool-0-w1", None if marked else True)]
+    assert [m.node for m in second.mark_nodes] == (["pool-0-w1"] if marked else [])

@@ -225,6 +225,13 @@ def test_pods_of_old_attempts_are_deleted_and_forced_when_stuck_on_a_lost_node()
     assert any(o["kind"] == "Pod" for o in soon.create)  # a lost node does not block
     stuck = plan(observed(job, old, nodes=nodes), now=at(20))
     assert deleted(stuck)["train-1-0-1"] == 0
+    # Still in the cache a reconcile later: forced again, told in the timeline once.
+    later = job_body(status=stuck.status.model_dump(mode="json", by_alias=True,
+                                                    exclude_none=True))
+    again = plan(observed(later, old, nodes=nodes), now=at(25))
+    assert deleted(again)["train-1-0-1"] == 0
+    assert [e.message for e in again.status.timeline if e.kind == "ForceDeleted"] == \
+        ["pod train-1-0-1 was stuck terminating on pool-0-w1"]
 
 
 def test_live_old_pods_on_healthy_nodes_block_the_next_attempt() -> None:
