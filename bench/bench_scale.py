@@ -60,7 +60,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ladder and drain: a run not done by then is recorded as a timeout")
     p.add_argument("--recovery-timeout", type=float, default=240,
                    help="per fault phase (node repair recreates the Nodes at +90 s)")
-    p.add_argument("--node-monitor-grace", type=int, default=20,
+    p.add_argument("--node-monitor-grace", type=int, default=50,
                    help="KCM --node-monitor-grace-period (kwok renews Leases every lease/4)")
     p.add_argument("--kwok-lease", type=int, default=40)
     p.add_argument("--seed", type=int, default=12)
@@ -68,6 +68,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="25 pools, 1 run, small drain and recovery: a few minutes per scenario")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--state-root", type=Path, default=None)
+    p.add_argument("--keep-logs", type=Path, default=None,
+                   help="copy each run's component logs (operator, controllers) here")
     p.add_argument("--append", action="store_true",
                    help="add the runs to those already in the results file (e.g. another size)")
     p.add_argument("--replot", type=Path, nargs="+", default=[],
@@ -116,6 +118,12 @@ def one_run(a: argparse.Namespace, *, scenario: str, arm: str, size: int, pools:
         for name, proc in arm_cluster.procs.items():
             if not proc.alive():
                 record.setdefault("exited", []).append(name)
+        if a.keep_logs is not None:  # the components' logs, for a run worth a closer look
+            kept = a.keep_logs / f"{scenario}-{size}-{arm}-{run}"
+            kept.mkdir(parents=True, exist_ok=True)
+            for proc in arm_cluster.procs.values():
+                if proc.log_path.exists():
+                    shutil.copy(proc.log_path, kept)
         try:
             arm_cluster.close()
         except Exception as err:

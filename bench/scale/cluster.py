@@ -35,7 +35,7 @@ REQUESTERS = {"tpujob": ("tpujob",), "jobset": ("jobset", "job-controller"),
 class Settings:
     """Cluster knobs recorded with every result."""
 
-    node_monitor_grace_seconds: int = 20
+    node_monitor_grace_seconds: int = 50
     kwok_lease_seconds: int = 40
     accelerator: str = "tpu-v5-lite-podslice"
     topology: str = "4x4"

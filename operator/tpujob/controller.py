@@ -107,8 +107,9 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         return INVALID_SPEC_RETRY_SECONDS
     observed = with_tails(observed, await _tails(deps, namespace, tails_to_read(observed)))
     now = deps.clock()
-    deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since, observed.nodes.values(),
-                                               now=now)
+    if reads is not deps.view:  # with the cache, the node event handler keeps the record
+        deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since,
+                                                   observed.nodes.values(), now=now)
     deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
     observed = replace(observed, tpu_short_since=deps.tpu_short_since,
                        catalogue=deps.catalogue.catalogue if deps.catalogue else None,

@@ -12,7 +12,7 @@ import datetime as dt
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -21,7 +21,7 @@ from tpujob.api import Phase, TPUTrainingJobStatus
 from tpujob.diagnosis.memory import NodeLedger
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
-from tpujob.kube.cache import CachedView
+from tpujob.kube.cache import CachedView, NodeBook
 from tpujob.kube.observe import ClusterReads, Reader
 from tpujob.metrics import Metrics
 from tpujob.plan import PlannerSettings
@@ -85,7 +85,11 @@ class Deps:
     wakes: WakeBook = field(default_factory=WakeBook)
     # Since when each node's allocatable TPUs have been below capacity: the Node object keeps
     # no such time, so the operator remembers it (a restart only restarts the grace).
-    tpu_short_since: dict[str, dt.datetime] = field(default_factory=dict)
+    # Kept by the node event handler (the watch shows every change), replaced, never changed,
+    # since plans read it in worker threads.
+    tpu_short_since: Mapping[str, dt.datetime] = field(default_factory=dict)
+    # The nodes the planner reads, fed by the node index; which changed, for the handler.
+    node_book: NodeBook = field(default_factory=NodeBook)
     # The placement authority: pool -> the job that holds it, taken under `placement_lock`
     # in the same step as the plan that chose it, so two jobs planned at once never pick one
     # pool. Rebuilt after a restart from each job's recorded placement (and, meanwhile, the

@@ -28,6 +28,7 @@ from tpujob.controller import Deps, reconcile, refresh_catalogue, release_pools
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.ledger_store import load_ledger
+from tpujob.node_health import note_tpu_shortfall
 
 ERROR_RETRY_SECONDS = 2.0
 MAX_ERROR_RETRY_SECONDS = 60.0
@@ -53,9 +54,30 @@ def retry_delay(err: Exception, failures: int, jitter: float) -> float:
     return delay * (0.75 + 0.5 * jitter)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No essence of an object is kept or compared.
+
+    kopf diffs every watch event of a resource it handles against the last handled state, a
+    deep copy of the object, for on-create/on-update handlers. This operator has none (its
+    reconciles compare what they need themselves), yet every status renewal of a thousand
+    nodes, every pod and Lease event paid for that copy. The empty essence makes each diff
+    empty, which only tells a daemon's idle timer (none here) that nothing changed.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return kopf.BodyEssence()
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 60
         settings.watching.client_timeout = 90
@@ -86,7 +108,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo.view = cache.CachedView(
             jobs=indexes["tpujob_jobs"], pods=indexes["tpujob_pods"],
             pools=indexes["tpujob_pools"], nodes=indexes["tpujob_nodes"],
-            heartbeats=indexes["tpujob_heartbeats"], node_pods=indexes["tpujob_node_pods"])
+            heartbeats=indexes["tpujob_heartbeats"], node_pods=indexes["tpujob_node_pods"],
+            node_book=memo.node_book)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -156,15 +179,23 @@ def register(registry: kopf.OperatorRegistry) -> None:
             memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_changed(*, name: str | None, memo: Any, **_: Any) -> None:
+    async def node_changed(*, name: str | None, memo: Any, type: str | None,
+                           **_: Any) -> None:
         """Wake the jobs with pods on this node or a placement on its pool; a healthy node
-        of a pool nobody holds may also let a waiting job in."""
+        of a pool nobody holds may also let a waiting job in. A status renewal that changed
+        nothing the planner reads wakes no one."""
         assert isinstance(memo, Deps)
-        if memo.view is None:
+        if memo.view is None or not name:
+            return
+        if type == "DELETED":
+            memo.node_book.note(name, None)
+        if not memo.node_book.take_change(name):
             return
         now = time.monotonic()
-        view = memo.view.node(name or "")  # parsed once, by the index; None once deleted
-        concerned = set(memo.view.jobs_on_node(name or ""))
+        view = memo.view.node(name)  # parsed once, by the index; None once deleted
+        memo.tpu_short_since = note_tpu_shortfall(memo.tpu_short_since, name, view,
+                                                  now=memo.clock())
+        concerned = set(memo.view.jobs_on_node(name))
         holder = memo.pool_claims.get(view.pool or "") if view is not None else None
         if holder is not None:
             concerned.add(holder)
@@ -198,8 +229,8 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
         return cache.pod_by_node(body)
 
     @kopf.index("", "v1", "nodes", id="tpujob_nodes", registry=registry)
-    def tpujob_nodes(body: kopf.Body, **_: Any) -> Any:
-        return cache.node_record(body)
+    def tpujob_nodes(body: kopf.Body, memo: Any, **_: Any) -> Any:
+        return cache.node_record(body, memo.node_book if isinstance(memo, Deps) else None)
 
     @kopf.index("coordination.k8s.io", "v1", "leases", labels=job_pods,
                 id="tpujob_heartbeats", registry=registry)

@@ -51,15 +51,19 @@ class Metrics:
         # process_cpu_seconds_total, process_resident_memory_bytes, open fds (Linux).
         ProcessCollector(registry=r)
         self._phases: dict[tuple[str, str], str] = {}
+        for p in Phase:  # every phase is a series from the start, 0 until a job has it
+            self.jobs.labels(phase=str(p)).set(0)
         self._categories = ("productive", "startup", "restore", "redone", "dataWait",
                             "downtime", "other")
 
     def record_job(self, namespace: str, job: str, phase: Phase | None,
                    goodput: float | None, budget_left: int | None) -> None:
-        self._phases[(namespace, job)] = str(phase or Phase.PENDING)
-        for p in Phase:
-            self.jobs.labels(phase=str(p)).set(
-                sum(1 for v in self._phases.values() if v == str(p)))
+        now, before = str(phase or Phase.PENDING), self._phases.get((namespace, job))
+        if now != before:  # counts kept as jobs move, not recounted over every job
+            self._phases[(namespace, job)] = now
+            self.jobs.labels(phase=now).inc()
+            if before is not None:
+                self.jobs.labels(phase=before).dec()
         if goodput is not None:
             self.goodput.labels(namespace=namespace, job=job).set(goodput)
         if budget_left is not None:
@@ -71,7 +75,9 @@ class Metrics:
                 seconds)
 
     def forget_job(self, namespace: str, job: str) -> None:
-        self._phases.pop((namespace, job), None)
+        before = self._phases.pop((namespace, job), None)
+        if before is not None:
+            self.jobs.labels(phase=before).dec()
         for category in list(self._categories):
             with contextlib.suppress(KeyError):
                 self.goodput_seconds.remove(namespace, job, category)

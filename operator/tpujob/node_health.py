@@ -166,3 +166,18 @@ def track_tpu_shortfall(previous: Mapping[str, datetime], nodes: Iterable[NodeVi
     is no longer seen, is dropped, so a flap restarts its grace.
     """
     return {node.name: previous.get(node.name, now) for node in nodes if node.tpu_degraded}
+
+
+def note_tpu_shortfall(previous: Mapping[str, datetime], name: str, node: NodeView | None, *,
+                       now: datetime) -> Mapping[str, datetime]:
+    """`track_tpu_shortfall` for one node's change (None: the node is gone): the same record
+    when nothing changed, else a new one (a record handed to a plan is never changed)."""
+    short = node is not None and node.tpu_degraded
+    if short == (name in previous):
+        return previous
+    record = dict(previous)
+    if short:
+        record[name] = now
+    else:
+        del record[name]
+    return record

@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tpujob import handlers
     from tpujob.controller import Deps
+    from tpujob.deps import API_THREADS
     from tpujob.kube.apply import Writer
     from tpujob.kube.client import api_client
     from tpujob.kube.observe import Reader
@@ -117,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = Metrics()
-    api = api_client(args.kubeconfig, on_request=metrics.record_request)
+    api = api_client(args.kubeconfig, on_request=metrics.record_request,
+                     connections=API_THREADS + 4)
     settings = PlannerSettings(
         poll_seconds=args.poll,
         force_delete_after_seconds=args.force_delete_after,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from tpujob import labels
@@ -72,8 +73,51 @@ def pod_by_node(raw: Mapping[str, Any]) -> dict[Hashable, JobKey]:
     return {str(node): key} if key and node else {}
 
 
-def node_record(raw: Mapping[str, Any]) -> dict[Hashable, NodeView]:
-    return {str(raw["metadata"]["name"]): node_view(raw)}
+def node_record(raw: Mapping[str, Any], book: NodeBook | None = None) -> dict[Hashable, NodeView]:
+    view = node_view(raw)
+    if book is not None:
+        book.note(view.name, view)
+    return {view.name: view}
+
+
+class NodeBook:
+    """The nodes as the planner reads them, and which of them changed in a way it sees.
+
+    Kubelets renew their node's status every few seconds without changing anything the
+    planner reads (`NodeView` holds no heartbeat times). Such an event costs one comparison
+    here: no new snapshot for the reconciles, no wake of the jobs on that node. The snapshot
+    handed to a reconcile is never changed afterwards (planning reads it in a worker thread);
+    a change makes the next `snapshot()` a new one. Fed by the node index and the node event
+    handler, both in the event loop.
+    """
+
+    def __init__(self) -> None:
+        self._views: dict[str, NodeView] = {}
+        self._snapshot: Mapping[str, NodeView] | None = None
+        self._changed: set[str] = set()
+
+    def note(self, name: str, view: NodeView | None) -> None:
+        """What a watch event showed of node `name` (None: deleted)."""
+        if self._views.get(name) == view:
+            return
+        if view is None:
+            del self._views[name]
+        else:
+            self._views[name] = view
+        self._snapshot = None
+        self._changed.add(name)
+
+    def take_change(self, name: str) -> bool:
+        """Whether `name` changed since the last call for it."""
+        if name in self._changed:
+            self._changed.discard(name)
+            return True
+        return False
+
+    def snapshot(self) -> Mapping[str, NodeView]:
+        if self._snapshot is None:
+            self._snapshot = MappingProxyType(dict(self._views))
+        return self._snapshot
 
 
 def lease_record(raw: Mapping[str, Any]) -> dict[Hashable, Heartbeat]:
@@ -119,6 +163,8 @@ class CachedView:
     nodes: Index
     heartbeats: Index
     node_pods: Index = field(default_factory=dict)
+    # When given, node reads come from its snapshot instead of a walk over the index.
+    node_book: NodeBook | None = None
     in_memory: bool = True
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -128,7 +174,9 @@ class CachedView:
     def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
         return list(self.pods.get((namespace, job), ()))
 
-    def node_views(self) -> dict[str, NodeView]:
+    def node_views(self) -> Mapping[str, NodeView]:
+        if self.node_book is not None:
+            return self.node_book.snapshot()
         return {str(name): view for name, store in self.nodes.items() for view in store}
 
     def node(self, name: str) -> NodeView | None:
@@ -140,10 +188,14 @@ class CachedView:
         return found
 
     def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
-        """Pools where live pods of other jobs hold chips."""
+        """Pools where live pods of other jobs hold chips: every held pool but those held by
+        this job alone, which can only be pools its own pods ask for (so a thousand held
+        pools cost a set, not a look at each one's holders)."""
         me = (namespace, job)
-        return frozenset(str(pool) for pool, holders in self.pools.items()
-                         if any(holder != me for holder in holders))
+        mine = {r.view.node_pool for r in self.pods.get(me, ()) if r.view.node_pool}
+        alone = {pool for pool in mine
+                 if all(holder == me for holder in self.pools.get(pool, ()))}
+        return frozenset(str(pool) for pool in self.pools) - alone
 
     def pool_holders(self, pool: str) -> frozenset[JobKey]:
         return frozenset(self.pools.get(pool, ()))

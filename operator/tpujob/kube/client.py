@@ -10,17 +10,24 @@ from kubernetes import client, config
 
 
 def api_client(kubeconfig: str | None = None,
-               on_request: Callable[[str], None] | None = None) -> client.ApiClient:
+               on_request: Callable[[str], None] | None = None,
+               connections: int | None = None) -> client.ApiClient:
     """In a pod: the ServiceAccount; otherwise `kubeconfig` or $KUBECONFIG.
 
     `on_request` is told the HTTP verb of every request sent (the operator counts them).
+    `connections`: how many connections to keep open; at least as many as threads that call
+    at once, or each call beyond it opens (and TLS-handshakes) a connection of its own and
+    throws it away (the client's default is five per CPU).
     """
+    cfg = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and \
             not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()
-        api = client.ApiClient()
+        config.load_incluster_config(client_configuration=cfg)
     else:
-        api = config.new_client_from_config(config_file=kubeconfig)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    if connections is not None:
+        cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, connections)
+    api = client.ApiClient(cfg)
     if on_request is not None:
         _count_requests(api, on_request)
     return api

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
-from tests.unit.operator.builders import job_body, pod, running_status, trainer_message
+from tests.unit.operator.builders import at, job_body, node, pod, running_status, trainer_message
 from tests.unit.operator.fakes import FakeReader
 
 from tpujob import contract, labels
-from tpujob.kube.cache import newer, pod_by_node, pod_by_pool, pod_record
+from tpujob.kube.cache import NodeBook, newer, node_record, pod_by_node, pod_by_pool, pod_record
 from tpujob.kube.observe import observe, tails_to_read
+from tpujob.node_health import note_tpu_shortfall
+from tpujob.observed import node_view
 
 
 def test_a_pods_record_keeps_its_owner_uids_and_a_redacted_message() -> None:
@@ -81,3 +85,61 @@ def test_the_newer_of_two_versions_wins_and_opaque_versions_favour_the_watch(
     a = {"metadata": {"resourceVersion": cached}} if cached is not None else None
     b = {"metadata": {"resourceVersion": written}}
     assert newer(a, b) is (a if winner == "cached" else b)
+
+
+def test_a_pool_this_job_shares_with_another_is_busy_one_it_holds_alone_is_not() -> None:
+    job = job_body(status=running_status())
+    other = job_body(status=running_status())
+    other["metadata"].update(name="other", uid="uid-other")
+    mine_a, mine_b = pod(job, 1, 0, 0), pod(job, 1, 0, 1)
+    theirs = pod(other, 1, 0, 0)
+    theirs["metadata"]["labels"][labels.JOB] = "other"
+    mine_a["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    mine_b["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-b"}
+    theirs["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-b"}
+    view = FakeReader([mine_a, mine_b, theirs], body=job)
+    assert view.busy_pools("team", "train") == frozenset({"pool-b"})
+    assert view.busy_pools("team", "other") == frozenset({"pool-a", "pool-b"})
+
+
+def test_a_node_status_renewal_changes_nothing_the_planner_reads() -> None:
+    book = NodeBook()
+    raw = node("pool-0-w0", "pool-0")
+    node_record(raw, book)
+    first = book.snapshot()
+    assert book.take_change("pool-0-w0") and not book.take_change("pool-0-w0")
+    renewed = copy.deepcopy(raw)
+    renewed["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T12:00:10Z"
+    node_record(renewed, book)
+    assert not book.take_change("pool-0-w0")
+    assert book.snapshot() is first  # the reconciles' snapshot is not rebuilt
+
+
+@pytest.mark.parametrize("change", ["tainted", "tpus-short", "deleted"])
+def test_a_node_change_the_planner_reads_makes_a_new_snapshot(change: str) -> None:
+    book = NodeBook()
+    node_record(node("pool-0-w0", "pool-0"), book)
+    node_record(node("pool-0-w1", "pool-0"), book)
+    first = book.snapshot()
+    book.take_change("pool-0-w0")
+    if change == "deleted":
+        book.note("pool-0-w0", None)
+    else:
+        node_record(node("pool-0-w0", "pool-0", taints=("x",) if change == "tainted" else (),
+                         tpu_unhealthy=change == "tpus-short"), book)
+    assert book.take_change("pool-0-w0")
+    second = book.snapshot()
+    assert second is not first and first["pool-0-w0"] is not second.get("pool-0-w0")
+    assert set(first) == {"pool-0-w0", "pool-0-w1"}  # a snapshot handed out never changes
+    assert second["pool-0-w1"] is first["pool-0-w1"]
+
+
+def test_a_tpu_shortfall_is_timed_from_the_first_event_that_showed_it() -> None:
+    short = node_view(node("n0", "p", tpu_unhealthy=True))
+    healthy = node_view(node("n0", "p"))
+    first = note_tpu_shortfall({}, "n0", short, now=at(10))
+    assert first == {"n0": at(10)}
+    assert note_tpu_shortfall(first, "n0", short, now=at(30)) is first
+    assert note_tpu_shortfall(first, "n0", healthy, now=at(40)) == {}
+    assert note_tpu_shortfall(first, "n0", None, now=at(40)) == {}
+    assert first == {"n0": at(10)}  # a record handed to a plan is never changed

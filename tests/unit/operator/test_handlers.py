@@ -44,3 +44,16 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
 
     assert asyncio.run(stop_a_deleted_job())
     assert deps.pool_claims == {"pool-1": ("team", "other")}
+
+
+def test_no_handler_reads_the_diff_base_the_operator_does_not_keep() -> None:
+    # NoDiffBase keeps no essence of watched objects: right only while no on-create,
+    # on-update, on-resume or on-delete handler (kopf's changing handlers) is registered.
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    assert list(registry._changing.get_all_handlers()) == []
+    assert [h.id.rsplit(".", 1)[-1] for h in registry._spawning.get_all_handlers()] == ["run_job"]
+    base = handlers.NoDiffBase()
+    body = kopf.Body({"metadata": {"name": "n", "labels": {"a": "b"}}, "spec": {"x": 1}})
+    # kopf diffs what fetch and build return: equal, so no change is ever reported.
+    assert base.fetch(body=body) == base.build(body=body) == {}
