@@ -60,6 +60,8 @@ class PodView:
     finished_at: datetime | None = None
     disruption_reason: str | None = None
     unschedulable_message: str | None = None
+    # lastTransitionTime of PodScheduled=False: since when the scheduler has not placed it.
+    unschedulable_since: datetime | None = None
     node_pool: str | None = None
     # IDs of the worker's google.com/tpu devices the kubelet reports Unhealthy in
     # status.containerStatuses[].allocatedResourcesStatus (KEP-4680; beta, on by default,
@@ -93,9 +95,10 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     disruption = conditions.get("DisruptionTarget")
     scheduled = conditions.get("PodScheduled")
-    unschedulable = None
+    unschedulable, unschedulable_since = None, None
     if scheduled and scheduled.get("status") == "False":
         unschedulable = scheduled.get("message") or scheduled.get("reason") or "unschedulable"
+        unschedulable_since = parse_time(scheduled.get("lastTransitionTime"))
     return PodView(
         name=meta["name"], uid=meta.get("uid", ""),
         attempt=_int(pod_labels.get(labels.ATTEMPT)) or 0,
@@ -113,7 +116,7 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         finished_at=parse_time(terminated.get("finishedAt")),
         disruption_reason=(disruption or {}).get("reason")
         if (disruption or {}).get("status") == "True" else None,
-        unschedulable_message=unschedulable,
+        unschedulable_message=unschedulable, unschedulable_since=unschedulable_since,
         node_pool=(spec.get("nodeSelector") or {}).get(labels.NODEPOOL),
         unhealthy_devices=unhealthy_devices(status),
     )

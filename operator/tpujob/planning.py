@@ -33,6 +33,7 @@ from tpujob.plan_pools import choose_pools
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 FINISHED_POLL_SECONDS = 3600.0
 WAIT_FOR_POOL_SECONDS = 5.0
+UNSCHEDULABLE_GRACE_SECONDS = 15.0
 
 
 DEFAULT_SETTINGS = PlannerSettings()
@@ -325,11 +326,36 @@ def _watch_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...],
                         f"{expected_count} workers running")
         draft.condition(ConditionType.RECOVERING, False, "Running")
     watch_training_health(obs, draft, pods)
-    stuck = [p for p in pods if p.unschedulable_message]
-    if stuck:
-        draft.condition(ConditionType.RUNNING, False, "Unschedulable",
-                        f"pod {stuck[0].name}: {stuck[0].unschedulable_message}")
+    _say_unschedulable(draft, pods)
     draft.requeue(job.spec.recovery.stall_timeout_seconds / 4)
+
+
+def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> None:
+    """A pod the scheduler has not placed for a while, as the Running condition.
+
+    During a burst the scheduler often cannot place a pod at its first try (its cache behind
+    the pods just bound), and its message counts nodes of every kind, which changes with each
+    pod bound anywhere: said at once and as it changes, that was a status write per pod event
+    of the whole cluster. A pod is named once it has waited `UNSCHEDULABLE_GRACE_SECONDS`, and
+    the message stays what it first said while the same pod waits.
+    """
+    waiting = [(p, _waited(p, draft.now)) for p in pods if p.unschedulable_message]
+    stuck = [p for p, waited in waiting if waited >= UNSCHEDULABLE_GRACE_SECONDS]
+    if not stuck:
+        if waiting:
+            draft.requeue(UNSCHEDULABLE_GRACE_SECONDS - max(w for _, w in waiting))
+        return
+    said = draft.status.condition(ConditionType.RUNNING)
+    if said is not None and said.reason == "Unschedulable" and \
+            (said.message or "").startswith(f"pod {stuck[0].name}: "):
+        return
+    draft.condition(ConditionType.RUNNING, False, "Unschedulable",
+                    f"pod {stuck[0].name}: {stuck[0].unschedulable_message}")
+
+
+def _waited(pod: PodView, now: datetime) -> float:
+    since = pod.unschedulable_since or pod.created
+    return (now - since).total_seconds() if since is not None else UNSCHEDULABLE_GRACE_SECONDS
 
 
 def _succeeded(draft: Draft) -> None:
