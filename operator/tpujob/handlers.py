@@ -230,7 +230,8 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.index("", "v1", "nodes", id="tpujob_nodes", registry=registry)
     def tpujob_nodes(body: kopf.Body, memo: Any, **_: Any) -> Any:
-        return cache.node_record(body, memo.node_book if isinstance(memo, Deps) else None)
+        assert isinstance(memo, Deps)
+        return cache.node_record(body, memo.node_book)
 
     @kopf.index("coordination.k8s.io", "v1", "leases", labels=job_pods,
                 id="tpujob_heartbeats", registry=registry)

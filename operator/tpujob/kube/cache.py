@@ -73,10 +73,10 @@ def pod_by_node(raw: Mapping[str, Any]) -> dict[Hashable, JobKey]:
     return {str(node): key} if key and node else {}
 
 
-def node_record(raw: Mapping[str, Any], book: NodeBook | None = None) -> dict[Hashable, NodeView]:
+def node_record(raw: Mapping[str, Any], book: NodeBook) -> dict[Hashable, NodeView]:
+    """The node's view for the index, noted in `book` (which the reconciles read)."""
     view = node_view(raw)
-    if book is not None:
-        book.note(view.name, view)
+    book.note(view.name, view)
     return {view.name: view}
 
 
@@ -109,10 +109,9 @@ class NodeBook:
 
     def take_change(self, name: str) -> bool:
         """Whether `name` changed since the last call for it."""
-        if name in self._changed:
-            self._changed.discard(name)
-            return True
-        return False
+        changed = name in self._changed
+        self._changed.discard(name)
+        return changed
 
     def snapshot(self) -> Mapping[str, NodeView]:
         if self._snapshot is None:
@@ -163,8 +162,8 @@ class CachedView:
     nodes: Index
     heartbeats: Index
     node_pods: Index = field(default_factory=dict)
-    # When given, node reads come from its snapshot instead of a walk over the index.
-    node_book: NodeBook | None = None
+    # Fed by the node index: reconciles read its snapshot instead of walking the index.
+    node_book: NodeBook = field(default_factory=NodeBook)
     in_memory: bool = True
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -175,9 +174,7 @@ class CachedView:
         return list(self.pods.get((namespace, job), ()))
 
     def node_views(self) -> Mapping[str, NodeView]:
-        if self.node_book is not None:
-            return self.node_book.snapshot()
-        return {str(name): view for name, store in self.nodes.items() for view in store}
+        return self.node_book.snapshot()
 
     def node(self, name: str) -> NodeView | None:
         found: NodeView | None = _one(self.nodes, name)

@@ -9,6 +9,7 @@ from tests.unit.operator.builders import cluster
 
 from tpujob.kube.cache import (
     CachedView,
+    NodeBook,
     job_record,
     lease_record,
     node_record,
@@ -26,12 +27,15 @@ class FakeReader(CachedView):
     def __init__(self, pods: list[dict[str, Any]], body: dict[str, Any] | None = None,
                  lease: dict[str, Any] | None = None,
                  nodes: list[dict[str, Any]] | None = None) -> None:
+        book = NodeBook()
         super().__init__(
             jobs=index([job_record(body)] if body is not None else []),
             pods=index(pod_by_job(p) for p in pods),
             pools=index(pod_by_pool(p) for p in pods),
-            nodes=index(node_record(n) for n in (nodes if nodes is not None else cluster())),
-            heartbeats=index([lease_record(lease)] if lease is not None else []))
+            nodes=index(node_record(n, book) for n in (nodes if nodes is not None
+                                                       else cluster())),
+            heartbeats=index([lease_record(lease)] if lease is not None else []),
+            node_book=book)
         object.__setattr__(self, "configs", {})
         object.__setattr__(self, "api_unreachable", False)
 
