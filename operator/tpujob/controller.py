@@ -4,7 +4,8 @@ The async shell around the pure planner. Reads come from the watch-fed cache (`D
 in the event loop; client calls are blocking, so they and the planning run in worker threads;
 the status is written before any effect, and Events and metrics only after the status write
 succeeded (a failed write leaves nothing half-told). A status that differs only in progress
-numbers is written at most once per `progress_interval_seconds`.
+numbers is written at most once per `progress_interval_seconds`, and one that differs only in
+what the clock moves (the goodput breakdown) is not written on its own.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ REFUSED_RETRY_SECONDS = 10.0
 SLOW_PLAN_RETRY_SECONDS = 60.0
 # A failed container's log does not change: its tail is read once and kept (by pod uid).
 TAIL_CACHE_SIZE = 2048
+# Status fields that change with the clock alone (the goodput breakdown of a job grows with
+# its wall time in every phase): never a reason to write on their own.
+CLOCK_FIELDS = ("goodput", "goodputBreakdown")
 # Status fields that follow the heartbeat; a change to these alone may wait.
-PROGRESS_FIELDS = ("progress", "goodput", "goodputBreakdown")
+PROGRESS_FIELDS = ("progress", *CLOCK_FIELDS)
 
 
 async def refresh_catalogue(deps: Deps) -> None:
@@ -63,18 +67,27 @@ async def refresh_catalogue(deps: Deps) -> None:
         await asyncio.sleep(deps.catalogue_refresh_seconds)
 
 
-async def reconcile(deps: Deps, namespace: str, name: str) -> float | None:
-    """Reconcile once; returns seconds until the next reconcile, None when the job is gone."""
-    started = time.perf_counter()
-    try:
-        if deps.api_down:
-            await _api_back(deps)
-        return await _reconcile(deps, namespace, name)
-    except UnavailableError:
-        deps.api_down = True
-        raise
-    finally:
-        deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+async def reconcile(deps: Deps, namespace: str, name: str,
+                    woken_at: float | None = None) -> float | None:
+    """Reconcile once; returns seconds until the next reconcile, None when the job is gone.
+
+    At most `RECONCILE_SLOTS` reconciles run at once (in the order they asked). `woken_at`
+    (monotonic) is when an event woke the job: wake-to-start latency includes the wait for a
+    slot, the reconcile's duration does not.
+    """
+    async with deps.reconcile_slots:
+        if woken_at is not None:
+            deps.metrics.wake_seconds.observe(time.monotonic() - woken_at)
+        started = time.perf_counter()
+        try:
+            if deps.api_down:
+                await _api_back(deps)
+            return await _reconcile(deps, namespace, name)
+        except UnavailableError:
+            deps.api_down = True
+            raise
+        finally:
+            deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
 
 async def _api_back(deps: Deps) -> None:
@@ -172,12 +185,21 @@ def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str
 
 async def _write_status(deps: Deps, key: JobKey, body: dict[str, Any], result: Plan,
                         now: dt.datetime) -> dict[str, Any]:
-    """Write the new status unless nothing changed, or only progress changed too recently."""
+    """Write the new status unless nothing changed, only the clock moved, or only progress
+    changed too recently.
+
+    A thousand jobs waiting for pools would otherwise each rewrite their goodput breakdown
+    every progress interval, though nothing happened to them: the breakdown is brought up to
+    date by the next write that has another reason (progress, a condition, the phase).
+    """
     new_status = status_patch(result.status)
     old_status = status_patch(parse_status(body.get("status")))
     if new_status == old_status:
         return body
-    if _progress_only(old_status, new_status) and not _has_effects(result):
+    effects = _has_effects(result)
+    if _only_changed(old_status, new_status, CLOCK_FIELDS) and not effects:
+        return body
+    if _only_changed(old_status, new_status, PROGRESS_FIELDS) and not effects:
         last = deps.progress_written.get(key)
         if last is not None and (now - last).total_seconds() < \
                 deps.wakes.progress_interval_seconds:
@@ -188,9 +210,9 @@ async def _write_status(deps: Deps, key: JobKey, body: dict[str, Any], result: P
     return written
 
 
-def _progress_only(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def _only_changed(old: dict[str, Any], new: dict[str, Any], fields: tuple[str, ...]) -> bool:
     def rest(status: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in status.items() if k not in PROGRESS_FIELDS}
+        return {k: v for k, v in status.items() if k not in fields}
     return rest(old) == rest(new)
 
 

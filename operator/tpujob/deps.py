@@ -28,6 +28,11 @@ from tpujob.plan import PlannerSettings
 from tpujob.wakeups import JobKey, WakeBook
 
 API_THREADS = 16
+# Reconciles in progress at once. A thousand jobs created together wake a thousand daemons;
+# each reconcile holds its job's body, parsed models, plan and manifests until it ends, so
+# unbounded they hold all of that at once (the operator's peak memory) while the API threads
+# can serve only API_THREADS calls anyway. The others wait their turn holding nothing.
+RECONCILE_SLOTS = 2 * API_THREADS
 # Objects this operator created are not created again for this long: the watch may not have
 # shown them yet, and a create of what exists is a wasted request answered 409.
 RECENT_WRITE_SECONDS = 30.0
@@ -124,6 +129,8 @@ class Deps:
     api_reachable_since: dt.datetime | None = None
     api_down: bool = False
     api_probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    reconcile_slots: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS))
     lease_access: LeaseAccess | None = None
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:

@@ -125,11 +125,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
             failures = 0
             while not stopped:
                 woken = memo.wakes.woken_at.pop(key, None)
-                if wake.is_set() and woken is not None:
-                    memo.metrics.wake_seconds.observe(time.monotonic() - woken)
+                woken = woken if wake.is_set() else None
                 wake.clear()
                 try:
-                    delay = await reconcile(memo, namespace, name)
+                    delay = await reconcile(memo, namespace, name, woken_at=woken)
                     failures = 0
                 except Exception as err:
                     failures += 1

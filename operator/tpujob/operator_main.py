@@ -13,6 +13,7 @@ import os
 import random
 from typing import Any
 
+from tpujob.native_memory import TRIM_INTERVAL_SECONDS, limit_arenas, trim
 from tpujob.node_health import DEFAULT_HEALTH, NodeHealthSettings
 from tpujob.plan import PlannerSettings
 
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from tpujob.metrics import Metrics
     from tpujob.wakeups import WakeBook
 
+    limit_arenas()  # before any thread starts (the metrics server's, the API threads)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = Metrics()
@@ -151,9 +153,26 @@ def run(args: argparse.Namespace) -> int:
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     namespaces = tuple(args.namespace)
-    asyncio.run(kopf.operator(
-        registry=registry, memo=deps, clusterwide=not namespaces, namespaces=namespaces,
-        standalone=args.peering is None, peering_name=args.peering,
-        priority=args.priority if args.priority is not None else random.randint(1, 10**6),
-        liveness_endpoint=liveness_url(args.liveness_address, args.liveness_port)))
+
+    async def operate() -> None:
+        trimming = asyncio.create_task(trim_memory(TRIM_INTERVAL_SECONDS))
+        try:
+            await kopf.operator(
+                registry=registry, memo=deps, clusterwide=not namespaces,
+                namespaces=namespaces, standalone=args.peering is None,
+                peering_name=args.peering,
+                priority=args.priority if args.priority is not None
+                else random.randint(1, 10**6),
+                liveness_endpoint=liveness_url(args.liveness_address, args.liveness_port))
+        finally:
+            trimming.cancel()
+
+    asyncio.run(operate())
     return 0
+
+
+async def trim_memory(interval_seconds: float) -> None:
+    """Give the memory freed meanwhile back to the system, for as long as the operator runs."""
+    while True:
+        await asyncio.sleep(interval_seconds)
+        trim()

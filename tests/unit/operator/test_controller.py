@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,10 +16,11 @@ from tests.unit.operator.builders import (
     running_status,
     trainer_message,
 )
-from tests.unit.operator.fakes import FakeReader, RecordingWriter
+from tests.unit.operator.fakes import FakeReader, RecordingWriter, index
 
 from tpujob import contract
 from tpujob.controller import REFUSED_RETRY_SECONDS, SLOW_PLAN_RETRY_SECONDS, Deps, reconcile
+from tpujob.kube.cache import lease_record
 from tpujob.kube.errors import (
     ConflictError,
     ForbiddenError,
@@ -413,3 +416,71 @@ def test_a_pod_name_taken_by_a_pod_that_is_not_the_jobs_is_shown_not_waited_on(
         assert "not this job's" in condition[0]["message"]
     else:
         assert not condition or condition[0]["status"] == "False"
+
+
+class CountingWriter(RecordingWriter):
+    """Counts status writes in progress at once (each holds its thread a moment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.02)
+        with self.lock:
+            self.now -= 1
+        return super().write_status(body, status)
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_no_more_reconciles_run_at_once_than_there_are_slots(slots: int) -> None:
+    """A burst of jobs waking together must not hold every job's reconcile in memory at once."""
+    writer = CountingWriter()
+    reader = FakeReader([], body=launching_job())
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps.clock = lambda: at(20)
+
+    async def burst() -> list[float | None]:
+        deps.reconcile_slots = asyncio.Semaphore(slots)
+        return await asyncio.gather(*(reconcile(deps, "team", "train") for _ in range(12)))
+
+    results = asyncio.run(burst())
+    assert len(results) == 12 and writer.most == slots
+
+
+
+def beat(step: int, renewed: str) -> dict[str, Any]:
+    return {"metadata": {"name": "train-heartbeat", "namespace": "team", "annotations": {
+        contract.HEARTBEAT_STEP: str(step), contract.HEARTBEAT_ATTEMPT: "1"}},
+        "spec": {"renewTime": renewed}}
+
+
+@pytest.mark.parametrize(("case", "writes"), [
+    ("waiting for a pool, a minute later", False),
+    ("running, the same step a minute later", False),
+    ("running, the trainer's step moved", True),
+])
+def test_the_clock_alone_never_writes_a_status(case: str, writes: bool) -> None:
+    """Only the goodput breakdown grows with time; a thousand waiting jobs must not rewrite it."""
+    if case.startswith("waiting"):
+        reader = FakeReader([], body=job_body(), nodes=[])
+    else:
+        job = job_body(status=running_status())
+        reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job,
+                            lease=beat(10, "2026-01-01T12:00:19Z"))
+    for now in (20, 21):  # settled: the first reconcile only validates a new job
+        first = RecordingWriter()
+        run(reader, first, now=now)
+        if first.statuses:
+            reader.replace_body(job_body(status=first.statuses[-1]))
+    reader.heartbeats.clear()  # type: ignore[attr-defined]
+    step = 40 if writes else 10
+    reader.heartbeats.update(  # type: ignore[attr-defined]
+        index([lease_record(beat(step, "2026-01-01T12:01:19Z"))]))
+    later = RecordingWriter()
+    run(reader, later, now=80)
+    assert ("status" in later.kinds()) is writes
