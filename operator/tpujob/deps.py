@@ -36,7 +36,31 @@ RECONCILE_SLOTS = 2 * API_THREADS
 # Objects this operator created are not created again for this long: the watch may not have
 # shown them yet, and a create of what exists is a wasted request answered 409.
 RECENT_WRITE_SECONDS = 30.0
+# kopf's own connections (watch streams, finalizers, its Events) beyond one per watch stream:
+# requests beyond them wait for a free connection instead of opening one (see
+# `kopf_connection_limit`).
+KOPF_REQUEST_CONNECTIONS = 32
+# Watch streams per watched scope (jobs, pods, Leases, nodes: `tpujob.handlers`), and those
+# kopf may hold of its own (CRDs, namespaces, peering), with a margin.
+WATCHES_PER_SCOPE = 4
+KOPF_OWN_WATCHES = 4
 T = TypeVar("T")
+
+
+def kopf_connection_limit(namespaces: tuple[str, ...]) -> int:
+    """The most connections kopf's session may open (0: no limit).
+
+    kopf opens a connection for every request that finds none free, without limit, and each
+    TLS connection holds a 256 KiB read buffer of asyncio's: a thousand jobs created together
+    had kopf add its finalizer to each at once over a thousand connections, 250 MiB and most
+    of the operator's peak memory. A limit must leave every watch stream its connection, or
+    a stream not yet opened would wait behind requests that wait for it: with glob patterns
+    the number of watched namespaces is not known in advance, so there is none.
+    """
+    if any(any(c in ns for c in "*?[") for ns in namespaces):
+        return 0
+    return WATCHES_PER_SCOPE * max(1, len(namespaces)) + KOPF_OWN_WATCHES + \
+        KOPF_REQUEST_CONNECTIONS
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,7 @@ class Deps:
     reconcile_slots: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS))
     lease_access: LeaseAccess | None = None
+    kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
         """Record the pools `key`'s status holds (none once it finished or is gone); returns

@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 
 from tpujob import labels
@@ -112,8 +113,20 @@ def register(registry: kopf.OperatorRegistry) -> None:
             node_book=memo.node_book)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
+    async def login(memo: Any, **kwargs: Any) -> kopf.ConnectionInfo | kopf.AiohttpSession | None:
+        """The client library's credentials, in a session with at most
+        `Deps.kopf_connections` connections (kopf closes it when it logs in again)."""
+        assert isinstance(memo, Deps)
+        info = kopf.login_via_client(**kwargs)
+        if info is None or not memo.kopf_connections:
+            return info
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=memo.kopf_connections,
+                                           ssl=info.as_ssl_context()),
+            headers=info.as_http_headers(), proxy=info.proxy_url, trust_env=info.trust_env)
+        return kopf.AiohttpSession(server=info.server, priority=info.priority,
+                                   default_namespace=info.default_namespace,
+                                   expiration=info.expiration, aiohttp_session=session)
 
     @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
     async def run_job(*, name: str, namespace: str | None, stopped: kopf.DaemonStopped,

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tpujob import handlers
     from tpujob.controller import Deps
-    from tpujob.deps import API_THREADS
+    from tpujob.deps import API_THREADS, kopf_connection_limit
     from tpujob.kube.apply import Writer
     from tpujob.kube.client import api_client
     from tpujob.kube.observe import Reader
@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         reader=Reader(api), writer=Writer(api), metrics=metrics, settings=settings,
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),
         plan_budget_seconds=args.plan_budget, ledger_namespace=args.ledger_namespace or None,
-        catalogue_refresh_seconds=args.gcp_refresh_hours * 3600)
+        catalogue_refresh_seconds=args.gcp_refresh_hours * 3600,
+        kopf_connections=kopf_connection_limit(tuple(args.namespace)))
     own_namespace = os.environ.get("POD_NAMESPACE")
     if args.lease_role and args.service_account and own_namespace:
         from tpujob.deps import LeaseAccess

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import kopf
+import pytest
 from tests.unit.operator.fakes import FakeReader, RecordingWriter
 
 from tpujob import handlers
 from tpujob.controller import Deps
+from tpujob.deps import (
+    KOPF_OWN_WATCHES,
+    KOPF_REQUEST_CONNECTIONS,
+    WATCHES_PER_SCOPE,
+    kopf_connection_limit,
+)
 
 
 def test_the_cache_is_attached_from_exactly_the_registered_indexes() -> None:
@@ -57,3 +64,17 @@ def test_no_handler_reads_the_diff_base_the_operator_does_not_keep() -> None:
     body = kopf.Body({"metadata": {"name": "n", "labels": {"a": "b"}}, "spec": {"x": 1}})
     # kopf diffs what fetch and build return: equal, so no change is ever reported.
     assert base.fetch(body=body) == base.build(body=body) == {}
+
+
+@pytest.mark.parametrize(("namespaces", "limit"), [
+    ((), WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
+    (("team-a",), WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
+    (("team-a", "team-b", "team-c"),
+     3 * WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
+    (("team-*",), 0),
+    (("team-a", "ml-[ab]"), 0),
+])
+def test_kopfs_connections_leave_every_watch_stream_one(namespaces: tuple[str, ...],
+                                                        limit: int) -> None:
+    """Bounded where the watch streams are known; unbounded where globs make them unknown."""
+    assert kopf_connection_limit(namespaces) == limit
