@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale e2e-kind clean diagnosis-model
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale bench-goodput e2e-kind clean diagnosis-model
 
 all: test
 
@@ -69,6 +69,10 @@ SCALE_ARGS ?= --quick
 bench-scale: venv binaries
 	tools/build-bench-peers.sh
 	$(PY) bench/bench_scale.py $(SCALE_ARGS)
+
+bench-goodput: venv binaries
+	tools/build-bench-peers.sh
+	$(PY) bench/bench_goodput.py $(GOODPUT_ARGS)
 
 e2e-kind:
 	hack/e2e-kind.sh
