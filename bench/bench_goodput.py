@@ -320,7 +320,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
                          linestyle="-" if fault["kind"] == "kill" else "--")
     left.set(xlabel="seconds since the first committed step", ylabel="committed step",
              title="checkpoints (faults: kill solid, node down dashed)")
-    left.legend()
+    if any(r.get("committed_over_time") for r in arms.values()):
+        left.legend()
+    else:
+        left.text(0.5, 0.5, "no time series in this run", ha="center", transform=left.transAxes)
     names = list(arms)
     right.bar(names, [arms[n].get("goodput") or 0 for n in names],
               color=[COLORS.get(n) for n in names])
