@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "bench")]
 
-from bench_recovery import until  # noqa: E402
+from bench_recovery import heal_all, repair_node, until  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from scale import peers  # noqa: E402
 
@@ -61,7 +61,6 @@ SLICES, HOSTS = 2, 2
 TRAINER_ARGS = ["--steps", "10000000", "--step-time", "0.1", "--batch-size", "16"]
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-MERGE = "application/merge-patch+json"
 
 
 class Cluster:
@@ -103,28 +102,10 @@ class Cluster:
         return name
 
     def repair(self, name: str) -> None:
-        """The node back as GKE's auto-repair returns one: up, and without the taint the
-        operator put on the broken one (a recreated VM has none)."""
-        faults.set_node_fault(self.state_dir, name, down=False)
-        node = self.core.read_node(name)
-        kept = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect))
-                 if v is not None}
-                for t in node.spec.taints or [] if t.key != labels.BAD_NODE_TAINT]
-        self.core.patch_node(name, {"spec": {"taints": kept or None}}, _content_type=MERGE)
+        repair_node(self.core, self.state_dir, name)
 
     def heal(self) -> None:
-        """Every node repaired and Ready again."""
-        for node in self.core.list_node().items:
-            self.repair(node.metadata.name)
-
-        def ready() -> bool:
-            return all(any(c.type == "Ready" and c.status == "True"
-                           for c in n.status.conditions or [])
-                       and not any(t.key.startswith("node.kubernetes.io/")
-                                   for t in n.spec.taints or [])
-                       for n in self.core.list_node().items)
-
-        until(ready, 180, interval=1)
+        heal_all(self.core, self.state_dir)
 
 
 def job_manifest(namespace: str, checkpoints: Path) -> dict[str, Any]:

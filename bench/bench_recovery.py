@@ -98,21 +98,33 @@ class Bench:
         return dict(body.get("status") or {})
 
     def heal_all(self) -> None:
-        for node in self.core.list_node().items:
-            faults.set_node_fault(self.state_dir, node.metadata.name, down=False)
-            taints = [{"key": t.key, "value": t.value, "effect": t.effect}
-                      for t in node.spec.taints or [] if t.key != labels.BAD_NODE_TAINT]
-            self.core.patch_node(node.metadata.name, {"spec": {"taints": [
-                {k: v for k, v in t.items() if v is not None} for t in taints] or None}},
-                _content_type=MERGE)
+        heal_all(self.core, self.state_dir)
 
-        def ready() -> bool:
-            return all(next(c.status for c in n.status.conditions if c.type == "Ready") == "True"
-                       and not any(t.key.startswith("node.kubernetes.io/")
-                                   for t in n.spec.taints or [])
-                       for n in self.core.list_node().items)
 
-        until(ready, 120)
+def repair_node(core: client.CoreV1Api, state_dir: Path, name: str) -> None:
+    """The node back as GKE's auto-repair returns one: up, and without the taint the operator
+    put on the broken one (a recreated VM has none)."""
+    faults.set_node_fault(state_dir, name, down=False)
+    node = core.read_node(name)
+    kept = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect))
+             if v is not None}
+            for t in node.spec.taints or [] if t.key != labels.BAD_NODE_TAINT]
+    core.patch_node(name, {"spec": {"taints": kept or None}}, _content_type=MERGE)
+
+
+def heal_all(core: client.CoreV1Api, state_dir: Path, timeout: float = 180) -> None:
+    """Every node repaired, then Ready and without the node controller's taints."""
+    for node in core.list_node().items:
+        repair_node(core, state_dir, node.metadata.name)
+
+    def ready() -> bool:
+        return all(any(c.type == "Ready" and c.status == "True"
+                       for c in n.status.conditions or [])
+                   and not any(t.key.startswith("node.kubernetes.io/")
+                               for t in n.spec.taints or [])
+                   for n in core.list_node().items)
+
+    until(ready, timeout, interval=1)
 
 
 def _exists(read: Callable[[], Any]) -> bool:
