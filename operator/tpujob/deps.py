@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -45,6 +46,7 @@ KOPF_REQUEST_CONNECTIONS = 32
 WATCHES_PER_SCOPE = 4
 KOPF_OWN_WATCHES = 4
 T = TypeVar("T")
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def kopf_connection_limit(namespaces: tuple[str, ...]) -> int:
@@ -54,10 +56,11 @@ def kopf_connection_limit(namespaces: tuple[str, ...]) -> int:
     TLS connection holds a 256 KiB read buffer of asyncio's: a thousand jobs created together
     had kopf add its finalizer to each at once over a thousand connections, 250 MiB and most
     of the operator's peak memory. A limit must leave every watch stream its connection, or
-    a stream not yet opened would wait behind requests that wait for it: with glob patterns
+    a stream not yet opened would wait behind requests that wait for it: with anything but
+    plain namespace names (kopf also takes globs, `!` exclusions and comma-separated lists)
     the number of watched namespaces is not known in advance, so there is none.
     """
-    if any(any(c in ns for c in "*?[") for ns in namespaces):
+    if not all(_NAMESPACE_NAME.fullmatch(ns) for ns in namespaces):
         return 0
     return WATCHES_PER_SCOPE * max(1, len(namespaces)) + KOPF_OWN_WATCHES + \
         KOPF_REQUEST_CONNECTIONS

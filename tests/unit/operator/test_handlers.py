@@ -73,8 +73,10 @@ def test_no_handler_reads_the_diff_base_the_operator_does_not_keep() -> None:
      3 * WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
     (("team-*",), 0),
     (("team-a", "ml-[ab]"), 0),
+    (("team-a,team-b",), 0),
+    (("!kube-system",), 0),
 ])
 def test_kopfs_connections_leave_every_watch_stream_one(namespaces: tuple[str, ...],
                                                         limit: int) -> None:
-    """Bounded where the watch streams are known; unbounded where globs make them unknown."""
+    """Bounded where the watch streams are known; unbounded where patterns make them unknown."""
     assert kopf_connection_limit(namespaces) == limit
