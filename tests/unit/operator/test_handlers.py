@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import kopf
 import pytest
 from tests.unit.operator.fakes import FakeReader, RecordingWriter
@@ -80,3 +82,54 @@ def test_kopfs_connections_leave_every_watch_stream_one(namespaces: tuple[str, .
                                                         limit: int) -> None:
     """Bounded where the watch streams are known; unbounded where patterns make them unknown."""
     assert kopf_connection_limit(namespaces) == limit
+
+
+@pytest.mark.parametrize("limit", [0, 7])
+def test_login_caps_kopfs_session_at_the_deps_connection_limit(
+        limit: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client library's credentials, in a session of at most `limit` connections; with
+    no limit, kopf's own session (unbounded) from the same credentials."""
+    import asyncio
+    import logging
+
+    import kubernetes
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: secret-token}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    # The client library reads $KUBECONFIG once, when imported.
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
+                        str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    # Loading a kubeconfig replaces the client library's process-wide default configuration.
+    monkeypatch.setattr(kubernetes.client.Configuration, "_default",
+                        kubernetes.client.Configuration._default)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    login = next(h for h in registry._activities.get_all_handlers() if h.id.endswith("login"))
+    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+    deps.kopf_connections = limit
+
+    async def log_in() -> tuple[object, int | None, str | None]:
+        found = await login.fn(memo=deps, logger=logging.getLogger("test"),
+                               settings=kopf.OperatorSettings())
+        if not isinstance(found, kopf.AiohttpSession):
+            return found, None, None
+        session = found.aiohttp_session
+        seen = (session.connector.limit if session.connector else None,
+                session.headers.get("Authorization"))
+        await session.close()
+        return found, *seen
+
+    found, connections, authorization = asyncio.run(log_in())
+    if not limit:
+        assert isinstance(found, kopf.ConnectionInfo)
+        assert (found.server, found.token) == ("https://127.0.0.1:6443", "secret-token")
+        return
+    assert isinstance(found, kopf.AiohttpSession)
+    assert found.server == "https://127.0.0.1:6443"
+    assert (connections, authorization) == (limit, "Bearer secret-token")
