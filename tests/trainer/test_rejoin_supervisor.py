@@ -201,3 +201,9 @@ def gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(") ", 1)[1].startswith("Z")
+
+
+def test_no_rejoin_is_a_flag_the_trainer_accepts() -> None:
+    from tpujob_trainer.config import NO_REJOIN_FLAG, load_config
+
+    assert load_config([NO_REJOIN_FLAG, "--steps", "3"], {}).steps == 3

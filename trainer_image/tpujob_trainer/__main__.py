@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tpujob_trainer import rejoin
-from tpujob_trainer.config import Framework, TrainerConfig, load_config
+from tpujob_trainer.config import NO_REJOIN_FLAG, Framework, TrainerConfig, load_config
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import (
     FailureContext,
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # the step lines the operator reads from the log tail.
     logging.getLogger("tpujob_trainer").setLevel(logging.INFO)
     args = list(sys.argv[1:] if argv is None else argv)
-    if rejoin.wanted(os.environ):
+    if rejoin.wanted(os.environ) and NO_REJOIN_FLAG not in args:
         # The pod can be kept when another slice is replaced: this process only supervises.
         sys.exit(rejoin.supervise([sys.executable, "-m", "tpujob_trainer", *args], os.environ))
     holder: list[FailureContext] = []

@@ -153,6 +153,10 @@ def _checked(distributed: Distributed) -> Distributed | None:
     return distributed if distributed.num_processes > 1 else None
 
 
+# Read before the config (it decides whether this process supervises), and accepted by it.
+NO_REJOIN_FLAG = "--no-rejoin"
+
+
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpujob-trainer",
@@ -178,6 +182,10 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--framework", choices=[f.value for f in Framework], default=Framework.JAX.value
+    )
+    parser.add_argument(
+        NO_REJOIN_FLAG, action="store_true",
+        help="never restart in place: a failure of another slice replaces this pod too",
     )
     return parser
 
