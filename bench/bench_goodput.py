@@ -4,7 +4,10 @@ One local cluster (`tpujob local up`: three two-host tpu-v4-podslice 2x2x2 pools
 runs, one after the other, each in its own namespace and checkpoint folder:
 
 * `reference`: a TPUTrainingJob of 2 slices that no fault touches;
-* `tpujob`: the same job, with a fault every `--fault-every` seconds;
+* `tpujob`: the same job, with a fault every `--fault-every` seconds (a failure of one slice
+  replaces that slice's pods; the other slice's trainers restart in place);
+* `tpujob-full`: the same, with the trainer told never to restart in place (`--no-rejoin`),
+  so every failure replaces every pod, as before slice restarts;
 * `jobset`: the same trainer, the same pod (the one tpujob renders, less the operator's
   heartbeat Lease) in a JobSet of 2 replicated Jobs of 2 Indexed pods, placed one Job per pool
   (`alpha.jobset.sigs.k8s.io/exclusive-topology`), restarted whole on any failure
@@ -108,13 +111,16 @@ class Cluster:
         heal_all(self.core, self.state_dir)
 
 
-def job_manifest(namespace: str, checkpoints: Path) -> dict[str, Any]:
+def job_manifest(namespace: str, checkpoints: Path, *, rejoin: bool = True) -> dict[str, Any]:
+    # With --no-rejoin the trainer does not run under its supervisor, and says so on its
+    # heartbeat: the operator then replaces every pod on every failure.
+    args = TRAINER_ARGS if rejoin else [*TRAINER_ARGS, "--no-rejoin"]
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTrainingJob",
             "metadata": {"name": "run", "namespace": namespace},
             "spec": {"tpu": {"accelerator": POOLS.accelerator, "topology": POOLS.topology,
                              "slices": SLICES},
                      "trainer": {"image": "local", "command": ["tpujob-trainer"],
-                                 "args": TRAINER_ARGS, "allowCpuFallback": True},
+                                 "args": args, "allowCpuFallback": True},
                      "checkpoint": {"volume": {"hostPath": str(checkpoints)},
                                     "intervalSteps": 20, "keep": 2},
                      "recovery": {"maxFailedNodes": SLICES * HOSTS // 2, "maxHardRestarts": 100,
@@ -125,13 +131,13 @@ def jobset_manifest(namespace: str, checkpoints: Path, max_restarts: int) -> dic
     """The pod tpujob renders for one worker, made generic: each pod works out its slice and
     worker from JobSet's and the Job controller's indexes, as GKE's TPU webhook tells a JobSet
     pod; the operator's heartbeat Lease and fencing are left out (nothing would renew or read
-    them)."""
-    job = parse_job(job_manifest(namespace, checkpoints))
+    them), and so is the rejoin order file (no JobSet pod is kept in place)."""
+    job = parse_job(job_manifest(namespace, checkpoints, rejoin=False))
     pod = manifests.trainer_pod(job, manifests.AttemptSettings(attempt=1, pools={}), 0, 0)
     container = pod["spec"]["containers"][0]
     per_host = {"TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_SLICE_ID",
                 "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID",
-                contract.ENV_HEARTBEAT_LEASE, contract.ENV_JOB_UID}
+                contract.ENV_HEARTBEAT_LEASE, contract.ENV_JOB_UID, contract.ENV_REJOIN_FILE}
     env = [e for e in container["env"] if e["name"] not in per_host]
     env += [{"name": "SLICE", "valueFrom": {"fieldRef": {
                 "fieldPath": f"metadata.labels['{JOB_INDEX}']"}}},
@@ -149,7 +155,10 @@ def jobset_manifest(namespace: str, checkpoints: Path, max_restarts: int) -> dic
         'exec "$@"'])
     container.update(command=["sh", "-c", script, "trainer",
                               *container.get("command", []), *container.get("args", [])],
-                     env=env)
+                     env=env, volumeMounts=[m for m in container["volumeMounts"]
+                                            if m["name"] != manifests.REJOIN_VOLUME])
+    pod["spec"]["volumes"] = [v for v in pod["spec"]["volumes"]
+                              if v["name"] != manifests.REJOIN_VOLUME]
     container.pop("args", None)
     spec = {k: v for k, v in pod["spec"].items()
             if k not in ("hostname", "subdomain", "affinity", "serviceAccountName",
@@ -235,7 +244,8 @@ def run_arm(cluster: Cluster, arm: str, a: argparse.Namespace,
             jobset_manifest(namespace, folder, max_restarts=100))
     else:
         cluster.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, job_manifest(namespace, folder))
+            GROUP, VERSION, namespace, PLURAL,
+            job_manifest(namespace, folder, rejoin=arm != "tpujob-full"))
     created = time.monotonic()
     # The clock starts when the first step is committed: start-up (JAX on CPU, the first
     # compile) is the same for every arm and not what this compares.
@@ -278,7 +288,8 @@ def run_arm(cluster: Cluster, arm: str, a: argparse.Namespace,
     return result
 
 
-COLORS = {"reference": "0.6", "tpujob": "tab:blue", "jobset": "tab:orange"}
+COLORS = {"reference": "0.6", "tpujob": "tab:blue", "tpujob-full": "tab:cyan",
+          "jobset": "tab:orange"}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -323,7 +334,8 @@ def main() -> int:
     p.add_argument("--repair-after", type=float, default=60.0,
                    help="seconds a downed node stays down (then it comes back, as repaired)")
     p.add_argument("--seed", type=int, default=2026)
-    p.add_argument("--arms", nargs="+", default=["reference", "tpujob", "jobset"])
+    p.add_argument("--arms", nargs="+",
+                   default=["reference", "tpujob", "tpujob-full", "jobset"])
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "goodput.json")
     p.add_argument("--replot", type=Path, default=None,
                    help="only draw the plot of this results file (next to it, as .png)")

@@ -12,6 +12,12 @@ The contract has two halves:
   saved, please reschedule", the retry code XPK users already know.
 * **The termination message**: one JSON object, at most 4096 bytes (the kubelet's limit for
   the termination message file), written to the pod's `terminationMessagePath`.
+
+A third, smaller part lets the healthy slices of a job stay in their pods when another slice
+is replaced (a slice restart): the operator writes a **rejoin order** on each kept pod
+(`POD_REJOIN_ANNOTATION`, read by the trainer from the file the pod's downward-API volume
+projects it to, `ENV_REJOIN_FILE`), and the trainer's supervisor restarts its training process
+in place as the order's attempt. A trainer says it can by `HEARTBEAT_REJOINS` on its heartbeat.
 """
 
 from __future__ import annotations
@@ -50,6 +56,15 @@ ENV_SKIP_BATCHES = "TPUJOB_SKIP_BATCHES"
 # How many steps between two gathers of the workers' health numbers (default 20).
 ENV_HEALTH_EVERY = "TPUJOB_HEALTH_EVERY_STEPS"
 
+# The file a trainer pod's rejoin order is projected to (downward API; see the module's note).
+ENV_REJOIN_FILE = "TPUJOB_REJOIN_FILE"
+# Set by the trainer's supervisor for the training process it runs.
+ENV_SUPERVISED = "TPUJOB_SUPERVISED"
+# The env variables a rejoin order changes for the process restarted in place: the attempt and
+# the coordinator (slice 0 worker 0, whose pod may be one of the replaced ones).
+ENV_JAX_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_MEGASCALE_COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
+
 # Annotations the trainer writes on its heartbeat Lease (renewTime is the heartbeat itself).
 HEARTBEAT_STEP = "tpujob.dev/step"
 HEARTBEAT_TOTAL_STEPS = "tpujob.dev/total-steps"
@@ -65,6 +80,12 @@ HEARTBEAT_WORKER_INPUT_BOUND = "tpujob.dev/worker-input-bound-fractions"
 HEARTBEAT_WORKER_STEP_SECONDS = "tpujob.dev/worker-step-seconds"
 HEARTBEAT_WORKER_RSS_BYTES = "tpujob.dev/worker-rss-bytes"
 
+# "true" when the trainer runs under the supervisor that restarts it in place on a rejoin order.
+HEARTBEAT_REJOINS = "tpujob.dev/rejoins"
+
+# The rejoin order on a kept trainer pod, written by the operator after the fencing token
+# of the order's attempt (JSON, see `encode_rejoin`).
+POD_REJOIN_ANNOTATION = "tpujob.dev/rejoin"
 # The fencing token, written by the operator (never by the trainer) on the heartbeat Lease
 # before it creates the pods of attempt N: the decimal attempt number N. A trainer commits a
 # checkpoint only while the token equals its own attempt.
@@ -162,6 +183,12 @@ EXIT_CODES: dict[ExitCode, CodeInfo] = {
     ExitCode.DATA_ERROR: CodeInfo("DATA_ERROR", ClassHint.FATAL, "the input data is invalid"),
 }
 
+# A training process that ended with one of these only lost a peer (or stepped aside for a
+# newer attempt): its supervisor waits a while for a rejoin order before giving up.
+PEER_LOST_EXIT_CODES = frozenset(
+    {ExitCode.COLLECTIVE_FAILURE, ExitCode.COORDINATION_TIMEOUT, ExitCode.FENCED}
+)
+
 
 @dataclass(frozen=True)
 class TerminationMessage:
@@ -244,3 +271,40 @@ def describe_exit_code(exit_code: int) -> CodeInfo | None:
         return EXIT_CODES.get(ExitCode(exit_code))
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """A rejoin order: restart the training process in place as `attempt`, with its
+    coordinator at `coordinator` (host only; the port stays the one the pod was given)."""
+
+    attempt: int
+    coordinator: str
+
+
+MAX_REJOIN_BYTES = 512
+
+
+def encode_rejoin(order: Rejoin) -> str:
+    return json.dumps({"attempt": order.attempt, "coordinator": order.coordinator},
+                      separators=(",", ":"))
+
+
+def parse_rejoin(text: str | None) -> Rejoin | None:
+    """The order in `text`; None for anything else (empty, free text, a bad value). Anyone who
+    can patch the pod can write it, so it is bounded and checked like any untrusted input."""
+    if not text or len(text.encode()) > MAX_REJOIN_BYTES:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    attempt, coordinator = data.get("attempt"), data.get("coordinator")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 10**6:
+        return None
+    if not isinstance(coordinator, str) or not coordinator or len(coordinator) > 253 or \
+            any(ch.isspace() or ch in ":/" for ch in coordinator):
+        return None
+    return Rejoin(attempt=attempt, coordinator=coordinator)

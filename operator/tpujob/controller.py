@@ -217,7 +217,8 @@ def _only_changed(old: dict[str, Any], new: dict[str, Any], fields: tuple[str, .
 
 
 def _has_effects(result: Plan) -> bool:
-    return bool(result.create or result.delete_pods or result.mark_nodes or result.events or
+    return bool(result.create or result.delete_pods or result.rejoin_pods or
+                result.mark_nodes or result.events or
                 result.delete_job or result.fence_attempt is not None)
 
 
@@ -334,6 +335,8 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
             except ForbiddenError as err:  # no Lease rights here: say so, as for a pod
                 raise PodsRefusedError(lease["metadata"]["name"], err) from err
             deps.recent.note(fenced)
+    for rejoin in result.rejoin_pods:  # after the fence: the old attempt can no longer commit
+        deps.writer.rejoin_pod(namespace, rejoin)
     _create_all(deps, result.create, str(meta.get("uid") or ""))
     for mark in result.mark_nodes:
         deps.writer.mark_node(mark, name)

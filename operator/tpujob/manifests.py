@@ -4,20 +4,26 @@ and the RBAC that lets the trainer renew only that Lease.
 Pure. Pods are created directly (not through a Job or JobSet): the operator restarts a whole
 gang at once, picks the node pool of each slice per attempt, keeps pods off nodes the job
 blamed, and force-deletes pods stuck on lost nodes, none of which a Job controller offers.
-Pod names carry the attempt, so pods of two attempts never share a name or a DNS name.
+Pod names carry the attempt, so pods of two attempts never share a name or a DNS name; the
+pods of a slice kept by a slice restart keep the names (and DNS names) of the attempt they were
+created for, and the new attempt's other pods are told those names.
 Trainer pods pass Pod Security `restricted` by default (see `tpujob.pod_security`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpujob import contract, labels, pod_security
 from tpujob.api import TPUTrainingJob
+from tpujob.api.spec import REJOIN_MOUNT_PATH
 
 DEFAULT_GRACE_SECONDS = 30
+# Where a trainer pod's rejoin order is projected (see `contract.POD_REJOIN_ANNOTATION`).
+REJOIN_VOLUME = "tpujob-rejoin"
+REJOIN_FILE = "rejoin"
 BASE_COLLECTIVE_TIMEOUT_SECONDS = 60
 
 
@@ -31,6 +37,12 @@ class AttemptSettings:
     collective_timeout_seconds: int = BASE_COLLECTIVE_TIMEOUT_SECONDS
     rollback_step: int | None = None  # restore at or before this step (after a NaN loss)
     skip_batches: str | None = None  # data windows every attempt after a rollback skips
+    # Slices kept in place by a slice restart -> the attempt their pods' names carry.
+    kept: Mapping[int, int] = field(default_factory=dict)
+
+    def pods_attempt(self, slice_index: int) -> int:
+        """The attempt in the names of `slice_index`'s pods."""
+        return self.kept.get(slice_index, self.attempt)
 
 
 def owner_reference(job: TPUTrainingJob) -> dict[str, Any]:
@@ -66,14 +78,32 @@ def host_fqdn(job: TPUTrainingJob, attempt: int, slice_index: int, worker: int) 
             f"{job.namespace}.svc.cluster.local")
 
 
+def rejoins(job: TPUTrainingJob) -> bool:
+    """Whether the job's pods get a rejoin order file: only a multislice job has a slice to
+    keep while another is replaced (one slice alone never runs its trainer supervised)."""
+    return job.spec.tpu.slices > 1
+
+
+def coordinator_host(job: TPUTrainingJob, settings: AttemptSettings) -> str:
+    """Slice 0 worker 0's DNS name: JAX's coordinator and the multislice one."""
+    return host_fqdn(job, settings.pods_attempt(0), 0, 0)
+
+
+def rejoin_order(job: TPUTrainingJob, settings: AttemptSettings) -> str:
+    """The annotation that tells a kept pod to restart its trainer as `settings.attempt`."""
+    return contract.encode_rejoin(contract.Rejoin(attempt=settings.attempt,
+                                                  coordinator=coordinator_host(job, settings)))
+
+
 def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int,
                 worker: int) -> list[dict[str, Any]]:
     """The env GKE and the operator give a worker: TPU, multislice, JAX and tpujob variables."""
     tpu = job.spec.tpu
     hosts = tpu.hosts_per_slice
     attempt = settings.attempt
-    hostnames = ",".join(host_fqdn(job, attempt, slice_index, w) for w in range(hosts))
-    coordinator = host_fqdn(job, attempt, 0, 0)
+    own = settings.pods_attempt(slice_index)
+    hostnames = ",".join(host_fqdn(job, own, slice_index, w) for w in range(hosts))
+    coordinator = coordinator_host(job, settings)
     checkpoint = job.spec.checkpoint
     values: dict[str, str] = {
         "TPU_WORKER_ID": str(worker),
@@ -97,6 +127,8 @@ def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         contract.ENV_EXPECT_TPU_CHIPS: str(tpu.chips_per_host),
         contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),
     }
+    if rejoins(job):
+        values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"
     if settings.rollback_step is not None:
         values[contract.ENV_RESUME_STEP] = str(settings.rollback_step)
     if settings.skip_batches:
@@ -124,7 +156,7 @@ def _affinity(bad_nodes: frozenset[str]) -> dict[str, Any] | None:
 def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int,
                 worker: int) -> dict[str, Any]:
     tpu, trainer = job.spec.tpu, job.spec.trainer
-    name = pod_name(job.name, settings.attempt, slice_index, worker)
+    name = pod_name(job.name, settings.pods_attempt(slice_index), slice_index, worker)
     resources: dict[str, Any] = {}
     if tpu.chips_per_host:
         resources["limits"] = {labels.TPU_RESOURCE: str(tpu.chips_per_host)}
@@ -162,6 +194,12 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         "containers": [container],
         "volumes": [pod_security.scratch_volume()],
     }
+    if rejoins(job):
+        spec["volumes"].append({"name": REJOIN_VOLUME, "downwardAPI": {"items": [{
+            "path": REJOIN_FILE, "fieldRef": {
+                "fieldPath": f"metadata.annotations['{contract.POD_REJOIN_ANNOTATION}']"}}]}})
+        container["volumeMounts"].append({"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH,
+                                          "readOnly": True})
     if pool := settings.pools.get(slice_index):
         spec["nodeSelector"][labels.NODEPOOL] = pool
     if affinity := _affinity(settings.bad_nodes):
@@ -179,9 +217,11 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
 
 
 def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[str, Any]]:
+    """The pods an attempt creates: every worker's but those of the slices it keeps."""
     tpu = job.spec.tpu
     return [trainer_pod(job, settings, s, w)
-            for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)]
+            for s in range(tpu.slices) if s not in settings.kept
+            for w in range(tpu.hosts_per_slice)]
 
 
 def headless_service(job: TPUTrainingJob) -> dict[str, Any]:

@@ -230,6 +230,8 @@ class Heartbeat:
     steps_per_second: float | None = None
     checkpoint_step: int | None = None
     attempt: int | None = None
+    # The trainer runs under the supervisor that restarts it in place on a rejoin order.
+    rejoins: bool = False
     # Every annotation, for readers of the trainer's health numbers (untrusted text).
     annotations: Mapping[str, str] = field(default_factory=dict)
 
@@ -267,6 +269,7 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0,
                                      MAX_STEP),
         attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
+        rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
         annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict)
         else {},
     )

@@ -73,6 +73,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ledger-namespace", default=os.environ.get("POD_NAMESPACE"),
                    help="namespace of the node ledger's ConfigMap (default: the operator "
                         "pod's own); without one the ledger is kept in memory only")
+    p.add_argument("--slice-restarts", action=argparse.BooleanOptionalAction, default=True,
+                   help="when a failure concerns some slices of a job only, replace only their "
+                        "pods and restart the others' trainers in place (trainers that say on "
+                        "their heartbeat that they can rejoin); off: every pod is replaced")
     p.add_argument("--trust-job-history", action="append", default=[], metavar="NAMESPACE",
                    help="namespaces (glob patterns; repeatable) whose jobs' own history may "
                         "taint a node: a failure recurring on one node marks it bad for every "
@@ -130,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         node_health=NodeHealthSettings(
             not_ready_grace_seconds=args.node_not_ready_grace,
             tpu_shortfall_grace_seconds=args.tpu_shortfall_grace),
-        trusted_namespaces=tuple(args.trust_job_history))
+        trusted_namespaces=tuple(args.trust_job_history),
+        slice_restarts=args.slice_restarts)
     deps = Deps(
         reader=Reader(api), writer=Writer(api), metrics=metrics, settings=settings,
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),

@@ -34,6 +34,16 @@ class PodDeletion:
 
 
 @dataclass(frozen=True)
+class PodRejoin:
+    """A kept pod moved to the new attempt: its attempt label and its rejoin order."""
+
+    name: str
+    uid: str
+    attempt: int
+    order: str  # the annotation's value (`contract.encode_rejoin`)
+
+
+@dataclass(frozen=True)
 class NodeMark:
     node: str
     action: BadNodeAction
@@ -68,6 +78,9 @@ class PlannerSettings:
     # (a job's author controls how its program fails, so on a shared cluster one tenant must
     # not be able to taint nodes); the cross-namespace ledger marks it there.
     trusted_namespaces: tuple[str, ...] = ()
+    # When a failure concerns some slices only, and the trainers say they can rejoin, only
+    # those slices' pods are replaced and the others restart in place (off: every pod is).
+    slice_restarts: bool = True
 
     def trusts_history_of(self, namespace: str) -> bool:
         return any(fnmatchcase(namespace, pattern) for pattern in self.trusted_namespaces)
@@ -81,6 +94,8 @@ class Plan:
     # The fencing token written on the heartbeat Lease before any pod of `create` exists: the
     # attempt that alone may commit checkpoints from now on.
     fence_attempt: int | None = None
+    # Kept pods told to rejoin the attempt; after the fence, before `create`.
+    rejoin_pods: tuple[PodRejoin, ...] = ()
     mark_nodes: tuple[NodeMark, ...] = ()
     events: tuple[EventSpec, ...] = ()
     requeue_after: float = 5.0
@@ -99,6 +114,7 @@ class Draft:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete_pods: list[PodDeletion] = field(default_factory=list)
     fence_attempt: int | None = None
+    rejoin_pods: list[PodRejoin] = field(default_factory=list)
     mark_nodes: list[NodeMark] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
     requeue_after: float = 5.0
@@ -136,7 +152,7 @@ class Draft:
         self.update(pending_events=journal)
         return Plan(status=self.status, create=tuple(self.create),
                     delete_pods=tuple(self.delete_pods), fence_attempt=self.fence_attempt,
-                    mark_nodes=tuple(self.mark_nodes),
+                    rejoin_pods=tuple(self.rejoin_pods), mark_nodes=tuple(self.mark_nodes),
                     events=(*resend, *self.events), requeue_after=self.requeue_after,
                     delete_job=self.delete_job, diagnosis=self.diagnosis,
                     recovery_seconds=self.recovery_seconds, ledger_blame=self.ledger_blame)

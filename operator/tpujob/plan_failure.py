@@ -24,6 +24,7 @@ from tpujob.plan_health import grade_leak
 from tpujob.plan_ledger import weigh_ledger
 from tpujob.plan_memory import recall, weigh_model_guess
 from tpujob.plan_pools import choose_pools
+from tpujob.plan_slices import kept_slices, slices_to_keep
 from tpujob.recovery import Broken, FailJob, Restart, decide
 from tpujob.rollback import Rollback, plan_rollback
 
@@ -113,15 +114,20 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
     draft.timeline("Diagnosed", d.headline)
     draft.event("Warning", "FailureDiagnosed",
                 d.headline + (f" Advice: {d.advice}" if d.advice else ""))
+    keep: frozenset[int] = frozenset()
+    if isinstance(decision, Restart):
+        blamed = frozenset(n.name for n in status.failed_nodes) | set(decision.blame_nodes)
+        keep = slices_to_keep(obs, trouble, broken, decision, settings=settings,
+                              bad_nodes=blamed)
     for pod in obs.attempt_pods(status.attempt):
-        if not pod.terminal and pod.deleting_since is None:
+        if not pod.terminal and pod.deleting_since is None and pod.slice not in keep:
             grace = None if isinstance(decision, Restart) and decision.graceful \
                 else settings.restart_grace_seconds
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, grace))
     if isinstance(decision, FailJob):
         _fail(draft, d, trouble, decision)
     else:
-        _restart(obs, draft, d, trouble, decision)
+        _restart(obs, draft, d, trouble, decision, kept=keep)
 
 
 def progressed(obs: Observed) -> bool:
@@ -175,7 +181,7 @@ def _fail(draft: Draft, d: dx.Diagnosis, trouble: Trouble, decision: FailJob) ->
 
 
 def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
-             decision: Restart) -> None:
+             decision: Restart, *, kept: frozenset[int]) -> None:
     job, now = obs.job, draft.now
     status = job.status
     # A node this job alone blamed before may now be blamed on evidence for everyone (lost,
@@ -203,7 +209,7 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology) if unplaced else None
     if advice:
         d = replace(d, advice=f"{d.advice} {advice}".strip())
-    action = _describe(decision, pools, attempt)
+    action = _describe(decision, pools, attempt, kept)
     rollback = _rollback(d, trouble, status)
     if rollback is not None:
         action += "; " + rollback.describe(job.spec.recovery.max_nan_rollbacks)
@@ -220,7 +226,8 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
             placement=placement(pools), not_before=not_before,
             collective_timeout_seconds=decision.collective_timeout_seconds,
             graceful=decision.graceful, recovering_since=trouble.seen_at,
-            rollback_step=rollback.resume_step if rollback else None))
+            rollback_step=rollback.resume_step if rollback else None,
+            kept_slices=kept_slices(job, kept)))
     for node in decision.mark_nodes:
         draft.mark_nodes.append(NodeMark(node, job.spec.recovery.bad_node_action,
                                          f"{job.namespace}/{job.name}: {d.code}"))
@@ -245,8 +252,11 @@ def _rollback(d: dx.Diagnosis, trouble: Trouble,
                          windows=status.skip_batches, done=status.nan_rollbacks or 0)
 
 
-def _describe(decision: Restart, pools: dict[int, str], attempt: int) -> str:
+def _describe(decision: Restart, pools: dict[int, str], attempt: int,
+              kept: frozenset[int]) -> str:
     parts = [f"attempt {attempt}"]
+    if kept:
+        parts.append(f"slice {', '.join(str(s) for s in sorted(kept))} kept in place")
     if decision.delay_seconds:
         parts.append(f"after {decision.delay_seconds}s backoff")
     if decision.failure_class.value == "medium":

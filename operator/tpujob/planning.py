@@ -29,6 +29,7 @@ from tpujob.plan_failure import handle_failure
 from tpujob.plan_goodput import breakdown, ended_attempt, goodput_of
 from tpujob.plan_health import watch_training_health
 from tpujob.plan_pools import choose_pools
+from tpujob.plan_slices import abandon_if_broken, is_kept, kept_pods, rejoin
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 FINISHED_POLL_SECONDS = 3600.0
@@ -170,11 +171,16 @@ def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
 def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> list[PodView]:
     """Delete pods of other attempts; returns those the next attempt must wait for."""
     attempt = obs.job.status.attempt
-    graceful = obs.job.status.current_attempt.graceful
+    current = draft.status.current_attempt
+    graceful = current.graceful
+    hosts = obs.job.spec.tpu.hosts_per_slice
     blocking = []
     for pod in obs.pods:
         if pod.attempt == attempt:
             continue
+        if is_kept(current, pod, obs.job.name, hosts) and not pod.terminal and \
+                pod.deleting_since is None:
+            continue  # it rejoins this attempt in place
         node = obs.nodes.get(pod.node) if pod.node else None
         node_gone = pod.node is not None and (node is None or node.lost)
         if pod.deleting_since is None:
@@ -196,24 +202,32 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
     return blocking
 
 
-def attempt_settings(job: TPUTrainingJob, pools: dict[int, str],
+def attempt_settings(job: TPUTrainingJob, current: AttemptStatus, pools: dict[int, str],
                      planner: PlannerSettings) -> manifests.AttemptSettings:
     """How the current attempt's pods are wired, the same at launch and when one is re-created."""
     return manifests.AttemptSettings(
         attempt=job.status.attempt, pools=pools, bad_nodes=bad_nodes(job),
-        collective_timeout_seconds=job.status.current_attempt.collective_timeout_seconds
+        collective_timeout_seconds=current.collective_timeout_seconds
         or planner.collective_timeout_seconds,
-        rollback_step=job.status.current_attempt.rollback_step,
-        skip_batches=job.status.skip_batches)
+        rollback_step=current.rollback_step,
+        skip_batches=job.status.skip_batches,
+        kept={k.slice: k.pods_attempt for k in current.kept_slices})
 
 
 def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
             planner: PlannerSettings) -> None:
     job, now = obs.job, draft.now
-    current = job.status.current_attempt
+    current = draft.status.current_attempt  # what it keeps may have been given up just now
     if current.not_before is not None and now < current.not_before:
         draft.requeue((current.not_before - now).total_seconds())
         return
+    # Kept pods rejoin at once, while the replaced slices' old pods still go: their trainers
+    # start again and wait for the new pods at the coordinator.
+    rejoin(obs, draft, attempt_settings(job, current, pools_of(current), planner))
+    if draft.rejoin_pods:
+        draft.fence_attempt = job.status.attempt
+        draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
+                         *manifests.heartbeat_rbac(job)]
     if blocking:
         draft.requeue(1.0)
         return
@@ -229,23 +243,28 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
                                                                       else ""))
         draft.requeue(WAIT_FOR_POOL_SECONDS)
         return
-    settings = attempt_settings(job, pools, planner)
+    settings = attempt_settings(job, current, pools, planner)
     draft.fence_attempt = job.status.attempt
-    draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
-                     *manifests.heartbeat_rbac(job), *manifests.attempt_pods(job, settings)]
+    if not draft.rejoin_pods:
+        draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
+                         *manifests.heartbeat_rbac(job)]
+    draft.create += manifests.attempt_pods(job, settings)
     restored = current.rollback_step if current.rollback_step is not None else \
         job.status.checkpoint_step
     draft.update(current_attempt=current.model_copy(update={
         "launched_time": now, "placement": placement(pools), "restored_step": restored}))
-    where = ", ".join(f"slice {s} on {p}" for s, p in sorted(pools.items())) or "any pool"
+    where = ", ".join(f"slice {s} on {p}" + (" (kept)" if s in settings.kept else "")
+                      for s, p in sorted(pools.items())) or "any pool"
     draft.timeline("PodsCreated", f"attempt {job.status.attempt}: {where}")
     draft.requeue(1.0)
 
 
 def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     job, now = obs.job, draft.now
-    blocking = _clean_up_stale(obs, draft, settings)
     current = job.status.current_attempt
+    if current.launched_time is None:
+        abandon_if_broken(obs, draft)
+    blocking = _clean_up_stale(obs, draft, settings)
     if current.launched_time is None:
         _launch(obs, draft, blocking, settings)
         return
@@ -253,10 +272,12 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     pods = obs.attempt_pods(job.status.attempt)
     tpu = job.spec.tpu
     expected = tpu.slices * tpu.hosts_per_slice
-    present = {p.name for p in pods}
+    wiring = attempt_settings(job, current, pools_of(current), settings)
+    present = {p.name for p in pods} | {p.name for p in kept_pods(obs, wiring.kept).values()
+                                        if not p.terminal and p.deleting_since is None}
     missing = [(s, w) for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)
-               if manifests.pod_name(job.name, job.status.attempt, s, w) not in present]
-    if not missing and all(p.phase == "Succeeded" for p in pods):
+               if manifests.pod_name(job.name, wiring.pods_attempt(s), s, w) not in present]
+    if not missing and len(pods) == expected and all(p.phase == "Succeeded" for p in pods):
         draft.update(attempt_history=ended_attempt(draft.status, obs.heartbeat, now=now,
                                                    failed=False))
         _succeeded(draft)
@@ -271,8 +292,10 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     if not missing and refused is not None and refused.status == ConditionStatus.TRUE:
         draft.condition(ConditionType.PODS_REFUSED, False, "Created",
                         "every pod of the attempt exists")
-    if missing:  # created by a reconcile that did not finish, or removed by someone
-        wiring = attempt_settings(job, pools_of(current), settings)
+    # A kept pod belongs to the attempt once told to rejoin it; one an operator restarted
+    # in between did not tell yet is told here, after the fence, as at launch.
+    rejoin(obs, draft, wiring)
+    if missing or draft.rejoin_pods:  # missing: the launch did not finish, or someone removed it
         draft.fence_attempt = job.status.attempt
         draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
                          *manifests.heartbeat_rbac(job),

@@ -42,7 +42,7 @@ WATCHED_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
 JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("tpujob.dev", "tputrainingjobs"): {"list", "watch", "patch", "delete"},
     ("tpujob.dev", "tputrainingjobs/status"): {"patch", "update"},
-    ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},
     ("", "pods/log"): {"get"},
     ("", "services"): {"create"},
     ("", "serviceaccounts"): {"create"},

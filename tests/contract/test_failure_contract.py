@@ -113,3 +113,10 @@ def test_preempted_is_the_retry_code_42_and_soft() -> None:
 def test_env_names_the_trainer_reads_are_in_the_contract() -> None:
     assert contract.ENV_FAULTS == "TPUJOB_FAULTS"
     assert contract.ENV_TERMINATION_MESSAGE_PATH == "TPUJOB_TERMINATION_MESSAGE_PATH"
+
+
+def test_a_rejoin_order_reads_back_as_written() -> None:
+    from tpujob_trainer import contract as trainer_contract
+
+    order = trainer_contract.Rejoin(attempt=7, coordinator="job-3-0-0.job.team.svc.cluster.local")
+    assert trainer_contract.parse_rejoin(trainer_contract.encode_rejoin(order)) == order

@@ -14,6 +14,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_ATTEMPT,
     HEARTBEAT_CHECKPOINT_STEP,
     HEARTBEAT_LOSS,
+    HEARTBEAT_REJOINS,
     HEARTBEAT_STEP,
     HEARTBEAT_STEPS_PER_SECOND,
     HEARTBEAT_TOTAL_STEPS,
@@ -69,8 +70,16 @@ def test_renewal_publishes_progress_as_renew_time_and_annotations() -> None:
     assert body["metadata"]["annotations"] == {
         HEARTBEAT_STEP: "12", HEARTBEAT_TOTAL_STEPS: "50", HEARTBEAT_LOSS: "0.25",
         HEARTBEAT_STEPS_PER_SECOND: "2.5", HEARTBEAT_CHECKPOINT_STEP: "10",
-        HEARTBEAT_ATTEMPT: "1",
+        HEARTBEAT_ATTEMPT: "1", HEARTBEAT_REJOINS: "false",
     }
+
+
+def test_a_supervised_trainer_says_so_on_its_heartbeat() -> None:
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    heartbeat.progress(replace(progress(12), rejoins=True))
+    assert heartbeat.renew_if_due()
+    assert client.patches[0][2]["metadata"]["annotations"][HEARTBEAT_REJOINS] == "true"
 
 
 @pytest.mark.parametrize(

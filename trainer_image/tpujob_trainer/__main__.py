@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tpujob_trainer.config import Framework, TrainerConfig, load_config
+from tpujob_trainer import rejoin
+from tpujob_trainer.config import NO_REJOIN_FLAG, Framework, TrainerConfig, load_config
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import (
     FailureContext,
@@ -56,9 +57,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Our own progress at INFO; orbax and absl log every save step at INFO, which would bury
     # the step lines the operator reads from the log tail.
     logging.getLogger("tpujob_trainer").setLevel(logging.INFO)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if rejoin.wanted(os.environ) and NO_REJOIN_FLAG not in args:
+        # The pod can be kept when another slice is replaced: this process only supervises.
+        sys.exit(rejoin.supervise([sys.executable, "-m", "tpujob_trainer", *args], os.environ))
     holder: list[FailureContext] = []
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+        config = load_config(args, os.environ)
         holder.append(FailureContext(worker=config.process_id))
         code = _run(config, holder)
     except (Exception, KeyboardInterrupt) as error:

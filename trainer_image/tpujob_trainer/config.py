@@ -27,6 +27,7 @@ from tpujob_trainer.contract import (
     ENV_NAMESPACE,
     ENV_RESUME_STEP,
     ENV_SKIP_BATCHES,
+    ENV_SUPERVISED,
     ExitCode,
 )
 from tpujob_trainer.failures import TrainerError
@@ -83,6 +84,9 @@ class TrainerConfig:
     resume_step: int | None = None
     skip_windows: tuple[SkipWindow, ...] = ()
     health_every: int = DEFAULT_HEALTH_EVERY_STEPS
+    # Run by the rejoin supervisor (`tpujob_trainer.rejoin`): said on the heartbeat, so the
+    # operator may keep this pod when another slice is replaced.
+    rejoins: bool = False
 
     @property
     def process_id(self) -> int:
@@ -149,6 +153,10 @@ def _checked(distributed: Distributed) -> Distributed | None:
     return distributed if distributed.num_processes > 1 else None
 
 
+# Read before the config (it decides whether this process supervises), and accepted by it.
+NO_REJOIN_FLAG = "--no-rejoin"
+
+
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpujob-trainer",
@@ -174,6 +182,10 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--framework", choices=[f.value for f in Framework], default=Framework.JAX.value
+    )
+    parser.add_argument(
+        NO_REJOIN_FLAG, action="store_true",
+        help="never restart in place: a failure of another slice replaces this pod too",
     )
     return parser
 
@@ -235,6 +247,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
                                  ENV_HEALTH_EVERY)),
         namespace=env.get(ENV_NAMESPACE) or "default",
         job_uid=env.get(ENV_JOB_UID) or None,
+        rejoins=env.get(ENV_SUPERVISED) == "1",
     )
 
 

@@ -23,6 +23,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_HEALTH_STEP,
     HEARTBEAT_INPUT_BOUND_FRACTION,
     HEARTBEAT_LOSS,
+    HEARTBEAT_REJOINS,
     HEARTBEAT_STEP,
     HEARTBEAT_STEPS_PER_SECOND,
     HEARTBEAT_TOTAL_STEPS,
@@ -86,6 +87,7 @@ class Progress:
     checkpoint_step: int | None
     attempt: int
     health: Health | None = None
+    rejoins: bool = False
 
 
 def health_annotations(health: Health) -> dict[str, str]:
@@ -112,6 +114,7 @@ def lease_patch(progress: Progress, now: datetime) -> dict[str, Any]:
                     "" if progress.checkpoint_step is None else str(progress.checkpoint_step)
                 ),
                 HEARTBEAT_ATTEMPT: str(progress.attempt),
+                HEARTBEAT_REJOINS: "true" if progress.rejoins else "false",
                 **(health_annotations(progress.health) if progress.health else {}),
             }
         },

@@ -83,7 +83,7 @@ class Loop:
         if heartbeat is not None:
             self._published = Progress(step, self.config.steps, loss, self.rate,
                                        self.context.checkpoint_step, self.config.attempt,
-                                       health)
+                                       health, rejoins=self.config.rejoins)
             heartbeat.progress(self._published)
 
     def stop_heartbeat(self, heartbeat: Heartbeat | None) -> None:

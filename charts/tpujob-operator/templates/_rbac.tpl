@@ -16,10 +16,12 @@ Role, false for the ClusterRole used when every namespace is watched.
   verbs: ["patch", "update"]
 # One pod per TPU host, created directly so a gang restarts in place or moves to another node
 # pool per attempt; watched by kopf and listed by job label; deleted to restart an attempt and
-# force-deleted when stuck on a lost node. Creating a TPUTrainingJob is creating these pods.
+# force-deleted when stuck on a lost node; patched to move a kept pod to the next attempt
+# (its attempt label and rejoin order, a slice restart). Creating a TPUTrainingJob is creating
+# these pods.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
 # The last log lines of a failed trainer are evidence for the diagnosis.
 - apiGroups: [""]
   resources: ["pods/log"]

@@ -25,6 +25,15 @@ class SlicePlacement(StatusModel):
     node_pool: str = Field(max_length=c.MAX_NAME_LENGTH, description="GKE node pool name.")
 
 
+class KeptSlice(StatusModel):
+    """A slice whose pods a slice restart kept: they rejoin this attempt in place."""
+
+    slice: int = Field(ge=0, le=c.MAX_SLICES, description="Slice index.")
+    pods_attempt: int = Field(
+        ge=1, le=1_000_000,
+        description="The attempt the kept pods were created for (their names carry it).")
+
+
 class AttemptStatus(StatusModel):
     """How the current attempt is run, decided when it was planned."""
 
@@ -65,6 +74,10 @@ class AttemptStatus(StatusModel):
     )
     first_heartbeat_time: datetime | None = Field(
         default=None, description="When this attempt's first heartbeat was seen.")
+    kept_slices: tuple[KeptSlice, ...] = Field(
+        default=(), max_length=c.MAX_SLICES,
+        description="Slices whose pods stay and rejoin this attempt in place (a slice "
+        "restart); the others' pods are new.")
 
 
 class AttemptRecord(StatusModel):

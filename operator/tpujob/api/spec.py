@@ -24,6 +24,8 @@ CHECKPOINT_URI_PATTERN = r"^(gs|s3|file)://[^\s]+$"
 ABSOLUTE_PATH_PATTERN = r"^/[^\s]*$"
 # Every trainer pod mounts an emptyDir here for scratch (its root filesystem is read-only).
 SCRATCH_MOUNT_PATH = "/tmp"
+# And the operator projects the pod's rejoin order into this directory (a slice restart).
+REJOIN_MOUNT_PATH = "/etc/tpujob"
 
 
 def _immutable(what: str) -> JsonDict:
@@ -125,6 +127,12 @@ class CheckpointVolume(SpecModel):
                 "elsewhere",
                 field_path=".mountPath",
             ),
+            cel(
+                f"!has(self.mountPath) || self.mountPath != {REJOIN_MOUNT_PATH!r}",
+                f"{REJOIN_MOUNT_PATH} is where the operator tells a trainer to rejoin; mount "
+                "checkpoints elsewhere",
+                field_path=".mountPath",
+            ),
         )
     )
 
@@ -161,6 +169,11 @@ class CheckpointVolume(SpecModel):
             raise ValueError(
                 f"{SCRATCH_MOUNT_PATH} is the trainer's scratch emptyDir; mount checkpoints "
                 "elsewhere"
+            )
+        if path == REJOIN_MOUNT_PATH:
+            raise ValueError(
+                f"{REJOIN_MOUNT_PATH} is where the operator tells a trainer to rejoin; mount "
+                "checkpoints elsewhere"
             )
         return path
 

@@ -18,7 +18,7 @@ from kubernetes import client
 from tpujob import contract, labels
 from tpujob.api import GROUP, PLURAL, VERSION, BadNodeAction
 from tpujob.kube.errors import ConflictError, KubeError, NotFoundError, call
-from tpujob.plan import EventSpec, NodeMark, PodDeletion
+from tpujob.plan import EventSpec, NodeMark, PodDeletion, PodRejoin
 
 EVENT_MESSAGE_LIMIT = 1024
 MERGE_PATCH = "application/merge-patch+json"
@@ -121,6 +121,18 @@ class Writer:
         # Gone already, or a new pod took the name: nothing to do either way.
         with contextlib.suppress(NotFoundError, ConflictError):
             call(self.core.delete_namespaced_pod, deletion.name, namespace, body=options)
+
+    def rejoin_pod(self, namespace: str, rejoin: PodRejoin) -> None:
+        """Move a kept pod to the new attempt: its attempt label, and the rejoin order its
+        trainer's supervisor reads through the pod's downward-API volume."""
+        patch = {"metadata": {
+            "uid": rejoin.uid,  # a pod made since under the name is not this one: Conflict
+            "labels": {labels.ATTEMPT: str(rejoin.attempt)},
+            "annotations": {contract.POD_REJOIN_ANNOTATION: rejoin.order}}}
+        # Gone, or another pod by now: the next reconcile sees it missing or ended.
+        with contextlib.suppress(NotFoundError, ConflictError):
+            call(self.core.patch_namespaced_pod, rejoin.name, namespace, patch,
+                 _content_type=MERGE_PATCH)
 
     def mark_node(self, mark: NodeMark, job: str) -> None:
         if mark.action is BadNodeAction.NONE:

@@ -109,6 +109,20 @@ def test_projected_service_account_volume_holds_token_ca_and_namespace(tmp_path:
     assert (folder / "namespace").read_text() == "team"
 
 
+def test_downward_api_files_follow_the_pods_annotations_as_they_change(tmp_path: Path) -> None:
+    volume = {"name": "order", "downwardAPI": {"items": [{"path": "rejoin", "fieldRef": {
+        "fieldPath": "metadata.annotations['tpujob.dev/rejoin']"}}]}}
+    pod = {**POD, "spec": {**POD["spec"], "volumes": [volume]}}
+    paths = sandbox.prepare_volumes(pod, tmp_path, pod_ip="10.1.1.1", lookups=FakeLookups())
+    file = paths["order"] / "rejoin"
+    assert file.read_text() == ""
+    assert sandbox.refresh_downward_volumes(pod, tmp_path, pod_ip="10.1.1.1") == 0
+    moved = {**pod, "metadata": {**POD["metadata"], "annotations": {"tpujob.dev/rejoin": "2"}}}
+    assert sandbox.refresh_downward_volumes(moved, tmp_path, pod_ip="10.1.1.1") == 1
+    assert file.read_text() == "2"
+    assert sandbox.refresh_downward_volumes(moved, tmp_path, pod_ip="10.1.1.1") == 0
+
+
 def test_bwrap_argv_enters_the_pod_namespaces_and_binds_its_paths(tmp_path: Path) -> None:
     argv = sandbox.bwrap_argv(
         netns="tpj-x", hostname="w1", hosts_file=tmp_path / "hosts", tmp_dir=tmp_path / "tmp",

@@ -17,7 +17,7 @@ from tpujob.kube.cache import (
     pod_by_pool,
 )
 from tpujob.kube.errors import KubeError, UnavailableError
-from tpujob.plan import EventSpec, NodeMark, PodDeletion
+from tpujob.plan import EventSpec, NodeMark, PodDeletion, PodRejoin
 
 
 class FakeReader(CachedView):
@@ -104,6 +104,9 @@ class RecordingWriter:
 
     def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
         self._record("delete", deletion.name)
+
+    def rejoin_pod(self, namespace: str, rejoin: PodRejoin) -> None:
+        self._record("rejoin", rejoin.name)
 
     def mark_node(self, mark: NodeMark, job: str) -> None:
         self._record("mark", mark.node)

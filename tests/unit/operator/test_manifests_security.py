@@ -158,3 +158,22 @@ def test_the_trainers_memory_is_its_request_and_its_limit() -> None:
     assert resources["requests"] == {"cpu": "2", "memory": "3Gi"}
     assert resources["limits"]["memory"] == "3Gi"
     assert "cpu" not in resources["limits"]  # a CPU limit throttles the input pipeline
+
+
+@pytest.mark.parametrize(("slices", "projected"), [(1, False), (2, True)])
+def test_only_a_multislice_jobs_pods_get_the_rejoin_order_file(slices: int,
+                                                                projected: bool) -> None:
+    from tpujob import contract
+
+    pod = pod_of(slices=slices)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert ("tpujob-rejoin" in volumes) is projected
+    assert ("tpujob-rejoin" in mounts) is projected
+    assert (env.get(contract.ENV_REJOIN_FILE) == "/etc/tpujob/rejoin") is projected
+    if projected:
+        item = volumes["tpujob-rejoin"]["downwardAPI"]["items"][0]
+        assert item["fieldRef"]["fieldPath"] == "metadata.annotations['tpujob.dev/rejoin']"
+        assert mounts["tpujob-rejoin"]["readOnly"] is True
+        assert restricted_violations(pod) == []

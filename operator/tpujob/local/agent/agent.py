@@ -299,6 +299,8 @@ class Agent:
         if deleting:
             self._terminate(pod, rt, now)
             return
+        if not rt.all_terminated():
+            self.runner.refresh(pod, rt)
         for c in rt.containers:
             if rt.should_restart(c) and c.terminated is not None:
                 if c.next_start_at == 0.0:

@@ -106,6 +106,11 @@ class PodRunner:
             root_entries=self.root_entries)
         c.start(full, env, now=now)
 
+    def refresh(self, pod: Mapping[str, Any], rt: PodRuntime) -> None:
+        """Keep a running pod's downward-API files equal to its labels and annotations."""
+        if rt.start_error is None and rt.ip:
+            sandbox.refresh_downward_volumes(pod, rt.directory, pod_ip=rt.ip)
+
     def _volume_path(self, rt: PodRuntime, vol: Mapping[str, Any]) -> Path:
         if "hostPath" in vol:
             return Path(str(vol["hostPath"]["path"]))

@@ -168,6 +168,33 @@ def prepare_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str,
     return paths
 
 
+def refresh_downward_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str) -> int:
+    """Rewrite the files of the pod's downwardAPI volumes whose value changed (labels and
+    annotations change while a pod runs, and the kubelet keeps these files current); each
+    is replaced whole, so a reader never sees half a value. Returns how many changed."""
+    changed = 0
+    for vol in pod["spec"].get("volumes") or []:
+        if "downwardAPI" not in vol:
+            continue
+        target = pod_dir / "volumes" / vol["name"]
+        for item in vol["downwardAPI"].get("items") or []:
+            if "fieldRef" not in item:
+                continue
+            value = field_value(pod, item["fieldRef"]["fieldPath"], pod_ip)
+            path = target / item["path"]
+            try:
+                if path.read_text() == value:
+                    continue
+            except OSError:
+                pass
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.new")
+            tmp.write_text(value)
+            tmp.replace(path)
+            changed += 1
+    return changed
+
+
 def _projected_files(pod: Mapping[str, Any], projected: Mapping[str, Any], pod_ip: str,
                      lookups: Lookups) -> dict[str, str]:
     meta, spec = pod["metadata"], pod["spec"]

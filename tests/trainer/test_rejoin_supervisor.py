@@ -1,0 +1,209 @@
+"""The rejoin supervisor: a kept pod's training process restarts in place on an order, a root
+failure ends the pod at once, and a lost peer waits for the operator's word a while."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tpujob_trainer import contract, rejoin
+
+pytestmark = pytest.mark.trainer
+
+# Records the attempt and coordinator it was started with, then acts on $BEHAVIOUR_<attempt>:
+# "exit:N", "kill" (SIGKILL itself), "sigterm:N" (wait for SIGTERM, exit N), else sleep.
+CHILD = """
+import json, os, signal, sys, time
+env = os.environ
+with open(env["RECORD"], "a") as f:
+    f.write(json.dumps({k: env.get(k) for k in (
+        "TPUJOB_ATTEMPT", "JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
+        "TPUJOB_SUPERVISED")}) + "\\n")
+message = env.get("TPUJOB_TERMINATION_MESSAGE_PATH")
+if message:
+    with open(message) as f:
+        seen = f.read()
+    with open(env["RECORD"] + ".messages", "a") as f:
+        f.write(json.dumps(seen) + "\\n")
+    with open(message, "w") as f:
+        f.write("attempt " + env["TPUJOB_ATTEMPT"])
+what = env.get("BEHAVIOUR_" + env["TPUJOB_ATTEMPT"], "sleep")
+if what.startswith("exit:"):
+    sys.exit(int(what[5:]))
+if what == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if what.startswith("sigterm:"):
+    code = int(what[8:])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(code))
+time.sleep(60)
+"""
+
+
+def supervisor(tmp_path: Path, hold: float = 30.0, **behaviour: str) -> rejoin.Supervisor:
+    (tmp_path / "termination").write_text("")  # the kubelet makes the file before the start
+    env = {
+        "RECORD": str(tmp_path / "record"),
+        contract.ENV_ATTEMPT: "1",
+        contract.ENV_JAX_COORDINATOR: "job-1-0-0.job.ns.svc.cluster.local:8476",
+        contract.ENV_MEGASCALE_COORDINATOR: "job-1-0-0.job.ns.svc.cluster.local:8080",
+        contract.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination"),
+        **{f"BEHAVIOUR_{k[1:]}": v for k, v in behaviour.items()},
+    }
+    return rejoin.Supervisor([sys.executable, "-c", CHILD], env, tmp_path / "order",
+                             hold_seconds=hold, poll_seconds=0.05)
+
+
+def records(tmp_path: Path) -> list[dict[str, str]]:
+    path = tmp_path / "record"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def order(tmp_path: Path, attempt: int, host: str, *, after: float = 0.0) -> threading.Thread:
+    """Write the rejoin order `after` seconds from now (once the first child has started)."""
+
+    def write() -> None:
+        deadline = time.monotonic() + 30
+        while not records(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(after)
+        tmp = tmp_path / "order.new"
+        tmp.write_text(contract.encode_rejoin(contract.Rejoin(attempt, host)))
+        tmp.replace(tmp_path / "order")
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_order_restarts_a_running_process_as_the_new_attempt_with_its_coordinator(
+        tmp_path: Path) -> None:
+    order(tmp_path, 2, "job-2-0-0.job.ns.svc.cluster.local")
+    assert supervisor(tmp_path, a2="exit:0").run() == 0
+    first, second = records(tmp_path)
+    assert first["TPUJOB_ATTEMPT"] == "1" and first["TPUJOB_SUPERVISED"] == "1"
+    assert second["TPUJOB_ATTEMPT"] == "2"
+    assert second["JAX_COORDINATOR_ADDRESS"] == "job-2-0-0.job.ns.svc.cluster.local:8476"
+    assert second["MEGASCALE_COORDINATOR_ADDRESS"] == "job-2-0-0.job.ns.svc.cluster.local:8080"
+    # The restarted process does not find the message of the one before it.
+    seen = [json.loads(line) for line in (tmp_path / "record.messages").read_text().splitlines()]
+    assert seen == ["", ""]
+
+
+def test_a_process_that_lost_its_peer_waits_for_the_order_and_rejoins(tmp_path: Path) -> None:
+    order(tmp_path, 2, "job-1-0-0.job.ns.svc.cluster.local", after=0.5)
+    code = supervisor(tmp_path, a1=f"exit:{int(contract.ExitCode.COLLECTIVE_FAILURE)}",
+                      a2="exit:0").run()
+    assert code == 0
+    assert [r["TPUJOB_ATTEMPT"] for r in records(tmp_path)] == ["1", "2"]
+
+
+@pytest.mark.parametrize(("behaviour", "status"), [
+    ("kill", 128 + signal.SIGKILL),
+    (f"exit:{int(contract.ExitCode.SHAPE_MISMATCH)}", int(contract.ExitCode.SHAPE_MISMATCH)),
+    ("exit:0", 0),
+])
+def test_any_other_end_is_the_pods_end_at_once(tmp_path: Path, behaviour: str,
+                                              status: int) -> None:
+    started = time.monotonic()
+    assert supervisor(tmp_path, hold=30, a1=behaviour).run() == status
+    assert time.monotonic() - started < 20  # not held for the 30 s a lost peer waits
+    assert len(records(tmp_path)) == 1
+
+
+def test_a_lost_peer_with_no_order_ends_the_pod_after_the_hold(tmp_path: Path) -> None:
+    timeout = int(contract.ExitCode.COORDINATION_TIMEOUT)
+    assert supervisor(tmp_path, hold=0.5, a1=f"exit:{timeout}").run() == timeout
+    assert len(records(tmp_path)) == 1
+
+
+def test_an_order_for_an_attempt_not_newer_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "order").write_text(contract.encode_rejoin(contract.Rejoin(1, "elsewhere")))
+    fenced = int(contract.ExitCode.FENCED)
+    assert supervisor(tmp_path, hold=0.5, a1=f"exit:{fenced}").run() == fenced
+    assert [r["TPUJOB_ATTEMPT"] for r in records(tmp_path)] == ["1"]
+
+
+def test_sigterm_goes_to_the_process_and_nothing_rejoins_after_it(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, a1="sigterm:42")
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 30
+        while not records(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the child's handler is installed after it records
+        sup.stop(signal.SIGTERM)
+        (tmp_path / "order").write_text(contract.encode_rejoin(contract.Rejoin(2, "late")))
+
+    threading.Thread(target=terminate, daemon=True).start()
+    assert sup.run() == 42
+    assert len(records(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("text", [
+    "", "garbage", "[]", '{"attempt": "2", "coordinator": "h"}',
+    '{"attempt": 0, "coordinator": "h"}', '{"attempt": 2, "coordinator": ""}',
+    '{"attempt": 2, "coordinator": "h:1"}', '{"attempt": 2, "coordinator": "a b"}',
+    '{"attempt": true, "coordinator": "h"}',
+    '{"attempt": 2, "coordinator": "' + "h" * 600 + '"}',
+])
+def test_an_order_that_is_not_one_is_no_order(tmp_path: Path, text: str) -> None:
+    (tmp_path / "order").write_text(text)
+    assert rejoin.read_order(tmp_path / "order") is None
+
+
+@pytest.mark.parametrize(("env", "wanted"), [
+    ({}, False),
+    ({contract.ENV_REJOIN_FILE: "/etc/tpujob/rejoin"}, True),
+    ({contract.ENV_REJOIN_FILE: "/etc/tpujob/rejoin", contract.ENV_SUPERVISED: "1"}, False),
+    ({contract.ENV_REJOIN_FILE: ""}, False),
+])
+def test_a_trainer_supervises_itself_only_where_the_pod_projects_an_order(
+        env: dict[str, str], wanted: bool) -> None:
+    assert rejoin.wanted(env) is wanted
+
+
+def test_the_process_dies_with_its_supervisor_as_with_a_containers_main_process(
+        tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    pid_file = tmp_path / "pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    env = {**os.environ, contract.ENV_REJOIN_FILE: str(tmp_path / "order"),
+           contract.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination")}
+    env.pop(contract.ENV_SUPERVISED, None)
+    sup = subprocess.Popen([sys.executable, "-m", "tpujob_trainer.rejoin", sys.executable, "-c",
+                            child], env=env)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    sup.kill()
+    sup.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(pid)
+
+
+def gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie waiting for whoever adopted it to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(") ", 1)[1].startswith("Z")
+
+
+def test_no_rejoin_is_a_flag_the_trainer_accepts() -> None:
+    from tpujob_trainer.config import NO_REJOIN_FLAG, load_config
+
+    assert load_config([NO_REJOIN_FLAG, "--steps", "3"], {}).steps == 3

@@ -1,0 +1,209 @@
+"""The supervisor that lets a trainer pod rejoin its job in place after a slice restart.
+
+When one slice of a multislice job fails, the operator replaces only that slice's pods; the
+healthy slices' pods stay, but their training processes must start again as the new attempt
+(JAX's distributed runtime does not take a new peer into a running job). So the pod's main
+process is this supervisor: it runs the training process as its child and watches the pod's
+rejoin order (`contract.ENV_REJOIN_FILE`, which the kubelet keeps equal to the pod's
+`contract.POD_REJOIN_ANNOTATION`). An order for a newer attempt kills the child and starts it
+again with that attempt and coordinator. The operator writes the order only after it has
+fenced the checkpoints to that attempt, so the killed child can no longer commit.
+
+A child that ended because it lost a peer (`contract.PEER_LOST_EXIT_CODES`, or aborted by JAX's
+coordination service, which reports a dead peer by SIGABRT) is held: the operator is deciding
+whether this pod is kept, and an order usually follows within seconds. Every other end is the
+pod's own end at once, so the operator sees a root failure as soon as it happens; so is a hold
+that no order ends within `hold_seconds`. SIGTERM goes to the child (which saves and stops) and
+ends the supervisor with the child's code. The operator gives the order file only to pods of
+multislice jobs, so a one-slice job's trainer never runs supervised.
+
+Standard library only: it runs before, and around, everything JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from tpujob_trainer.contract import (
+    ENV_ATTEMPT,
+    ENV_JAX_COORDINATOR,
+    ENV_MEGASCALE_COORDINATOR,
+    ENV_REJOIN_FILE,
+    ENV_SUPERVISED,
+    ENV_TERMINATION_MESSAGE_PATH,
+    MAX_REJOIN_BYTES,
+    PEER_LOST_EXIT_CODES,
+    TERMINATION_MESSAGE_PATH,
+    Rejoin,
+    parse_rejoin,
+)
+
+log = logging.getLogger("tpujob_trainer.rejoin")
+
+# Long enough for the operator to see the root failure and decide (a killed peer's pod fails
+# at once; a lost node is usually seen before its peers' collectives time out, so its order
+# comes first), short enough that a root failure which itself looks like a lost peer (a real
+# collective timeout) is reported late by no more than this.
+HOLD_SECONDS = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+POLL_SECONDS = 0.5
+
+
+def read_order(path: Path) -> Rejoin | None:
+    """The order in `path`; None when there is none or it is not one."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_REJOIN_BYTES + 1)
+    except OSError:
+        return None
+    return parse_rejoin(raw.decode(errors="replace"))
+
+
+def rejoined_env(env: Mapping[str, str], order: Rejoin) -> dict[str, str]:
+    """`env` for a process restarted as `order`'s attempt: the coordinator's host changes,
+    its port stays."""
+    out = {**env, ENV_ATTEMPT: str(order.attempt)}
+    for key in (ENV_JAX_COORDINATOR, ENV_MEGASCALE_COORDINATOR):
+        if key in out:
+            port = out[key].rpartition(":")[2]
+            out[key] = f"{order.coordinator}:{port}" if port else order.coordinator
+    return out
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a child's return code (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def lost_a_peer(returncode: int) -> bool:
+    return returncode in PEER_LOST_EXIT_CODES or returncode == -signal.SIGABRT
+
+
+@dataclass
+class Supervisor:
+    command: Sequence[str]
+    env: Mapping[str, str]
+    order_file: Path
+    hold_seconds: float = HOLD_SECONDS
+    poll_seconds: float = POLL_SECONDS
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _child: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        """Run the child until it ends for good; its exit status."""
+        env = {**self.env, ENV_SUPERVISED: "1"}
+        attempt = _attempt(env)
+        while True:
+            child = self._start(env)
+            order = self._watch(child, attempt)
+            if order is None:
+                code = child.returncode
+                if self._stop.is_set() or not lost_a_peer(code):
+                    return exit_status(code)
+                log.warning("the training process lost a peer (exit %s); waiting up to %.0fs "
+                            "for a rejoin order", exit_status(code), self.hold_seconds)
+                order = self._await_order(attempt)
+                if order is None:
+                    return exit_status(code)
+            else:
+                child.kill()
+                child.wait()
+            log.warning("rejoining as attempt %d (coordinator %s)", order.attempt,
+                        order.coordinator)
+            attempt, env = order.attempt, rejoined_env(env, order)
+
+    def stop(self, signum: int) -> None:
+        """Pass `signum` to the child and end once it has ended (no rejoin after it)."""
+        self._stop.set()
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    def _start(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        # The message of a process that ended before is not this one's.
+        message = Path(env.get(ENV_TERMINATION_MESSAGE_PATH) or TERMINATION_MESSAGE_PATH)
+        if message.is_file():
+            message.write_bytes(b"")
+        # The supervisor runs no thread of its own, so a preexec function is safe here.
+        self._child = subprocess.Popen(list(self.command), env=dict(env),
+                                       preexec_fn=_die_with_parent)  # noqa: PLW1509
+        if self._stop.is_set():  # a SIGTERM that came while it started
+            self._child.send_signal(signal.SIGTERM)
+        return self._child
+
+    def _watch(self, child: subprocess.Popen[bytes], attempt: int) -> Rejoin | None:
+        """Wait for the child to end (None) or for an order to rejoin a newer attempt."""
+        while True:
+            try:
+                child.wait(timeout=self.poll_seconds)
+                return None
+            except subprocess.TimeoutExpired:
+                pass
+            order = read_order(self.order_file)
+            if order is not None and order.attempt > attempt and not self._stop.is_set():
+                return order
+
+    def _await_order(self, attempt: int) -> Rejoin | None:
+        deadline = time.monotonic() + self.hold_seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            order = read_order(self.order_file)
+            if order is not None and order.attempt > attempt:
+                return order
+            self._stop.wait(self.poll_seconds)
+        return None
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the supervisor dies. A container's processes die with its
+    main process where the runtime gives it a PID namespace; this makes it so everywhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _attempt(env: Mapping[str, str]) -> int:
+    try:
+        return int(env.get(ENV_ATTEMPT) or 0)
+    except ValueError:
+        return 0
+
+
+def supervise(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run `command` under a supervisor reading the order file `env` names; its exit status."""
+    supervisor = Supervisor(command, env, Path(env[ENV_REJOIN_FILE]))
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        supervisor.stop(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    return supervisor.run()
+
+
+def wanted(env: Mapping[str, str]) -> bool:
+    """Whether this process should supervise itself: the pod projects a rejoin order and no
+    supervisor runs it yet."""
+    return bool(env.get(ENV_REJOIN_FILE)) and not env.get(ENV_SUPERVISED)
+
+
+if __name__ == "__main__":
+    # `python -m tpujob_trainer.rejoin COMMAND...`: for trainers of one's own (the SDK loop).
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m tpujob_trainer.rejoin COMMAND [ARG...]")
+    if not wanted(os.environ):
+        os.execvp(sys.argv[1], sys.argv[1:])
+    sys.exit(supervise(sys.argv[1:], os.environ))
