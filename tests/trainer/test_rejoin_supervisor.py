@@ -161,8 +161,8 @@ def test_an_order_that_is_not_one_is_no_order(tmp_path: Path, text: str) -> None
 
 @pytest.mark.parametrize(("env", "wanted"), [
     ({}, False),
-    ({contract.ENV_REJOIN_FILE: "/etc/tpujob/rejoin"}, True),
-    ({contract.ENV_REJOIN_FILE: "/etc/tpujob/rejoin", contract.ENV_SUPERVISED: "1"}, False),
+    ({contract.ENV_REJOIN_FILE: "/var/run/tpujob/rejoin"}, True),
+    ({contract.ENV_REJOIN_FILE: "/var/run/tpujob/rejoin", contract.ENV_SUPERVISED: "1"}, False),
     ({contract.ENV_REJOIN_FILE: ""}, False),
 ])
 def test_a_trainer_supervises_itself_only_where_the_pod_projects_an_order(

@@ -24,8 +24,9 @@ CHECKPOINT_URI_PATTERN = r"^(gs|s3|file)://[^\s]+$"
 ABSOLUTE_PATH_PATTERN = r"^/[^\s]*$"
 # Every trainer pod mounts an emptyDir here for scratch (its root filesystem is read-only).
 SCRATCH_MOUNT_PATH = "/tmp"
-# And the operator projects the pod's rejoin order into this directory (a slice restart).
-REJOIN_MOUNT_PATH = "/etc/tpujob"
+# And the operator projects the pod's rejoin order into this directory (a slice restart), next
+# to the kubelet's /var/run/secrets: a directory no image needs to have.
+REJOIN_MOUNT_PATH = "/var/run/tpujob"
 
 
 def _immutable(what: str) -> JsonDict:

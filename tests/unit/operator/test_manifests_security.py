@@ -171,7 +171,7 @@ def test_only_a_multislice_jobs_pods_get_the_rejoin_order_file(slices: int,
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert ("tpujob-rejoin" in volumes) is projected
     assert ("tpujob-rejoin" in mounts) is projected
-    assert (env.get(contract.ENV_REJOIN_FILE) == "/etc/tpujob/rejoin") is projected
+    assert (env.get(contract.ENV_REJOIN_FILE) == "/var/run/tpujob/rejoin") is projected
     if projected:
         item = volumes["tpujob-rejoin"]["downwardAPI"]["items"][0]
         assert item["fieldRef"]["fieldPath"] == "metadata.annotations['tpujob.dev/rejoin']"
