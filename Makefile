@@ -52,8 +52,9 @@ trainer-tests: venv
 cluster-tests: venv binaries
 	$(PY) -m pytest -q tests/e2e
 
+# The slowest tests are listed at the end: where a cold run's time goes.
 test: venv binaries lint
-	$(PY) -m pytest -q tests/unit tests/contract tests/trainer tests/e2e
+	$(PY) -m pytest -q --durations=25 tests/unit tests/contract tests/trainer tests/e2e
 
 demo: venv binaries
 	$(PY) -m tpujob.demo $(DEMO_ARGS)
