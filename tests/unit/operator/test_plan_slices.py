@@ -50,8 +50,9 @@ def kept(result: Plan) -> list[tuple[int, int]]:
 @pytest.mark.parametrize(("case", "faults", "body", "settings", "want_kept", "want_deleted"), [
     ("a worker of slice 1 killed", {"1-0": killed()}, beat(), PlannerSettings(),
      [(0, 1)], ["train-1-1-1"]),
-    ("a worker of slice 0 killed", {"0-1": killed()}, beat(), PlannerSettings(),
-     [(1, 1)], ["train-1-0-0"]),
+    ("a worker of slice 0 killed: the coordinator's slice is not replaced under kept ones",
+     {"0-1": killed()}, beat(), PlannerSettings(), [], ["train-1-0-0", "train-1-1-0",
+                                                       "train-1-1-1"]),
     ("trainers that cannot rejoin", {"1-0": killed()}, beat(rejoins=False), PlannerSettings(),
      [], ["train-1-0-0", "train-1-0-1", "train-1-1-1"]),
     ("no heartbeat yet", {"1-0": killed()}, None, PlannerSettings(),
@@ -158,6 +159,18 @@ def test_once_launched_kept_pods_count_as_the_attempts_own_and_are_not_told_agai
     assert result.status.phase.value == "Running"
 
 
+def test_a_slice_kept_twice_keeps_the_names_of_the_attempt_that_made_its_pods() -> None:
+    job = job_body(slices=2, status=restarted(0, launched=True))
+    pods = [rejoined(job, 0, 0), rejoined(job, 0, 1), pod(job, 2, 1, 0),
+            pod(job, 2, 1, 1, phase="Failed", exit_code=137)]
+    result = plan(observed(job, pods, heartbeat=beat(attempt=2)), now=at(20))
+    assert result.status.attempt == 3
+    assert result.status.last_failure is not None
+    assert result.status.last_failure.pod == "train-2-1-1"
+    assert kept(result) == [(0, 1)]
+    assert deleted(result) == ["train-2-1-0"]
+
+
 def test_a_kept_pod_that_rejoined_and_then_failed_is_the_new_attempts_failure() -> None:
     job = job_body(slices=2, status=restarted(0, launched=True))
     pods = [rejoined(job, 0, 0), rejoined(job, 0, 1, phase="Failed", exit_code=137),
@@ -166,7 +179,7 @@ def test_a_kept_pod_that_rejoined_and_then_failed_is_the_new_attempts_failure() 
     assert result.status.attempt == 3
     assert result.status.last_failure is not None
     assert result.status.last_failure.pod == "train-1-0-1"
-    assert kept(result) == [(1, 2)]  # slice 1's pods were made for attempt 2
+    assert kept(result) == []  # slice 0, the coordinator's, is replaced: so is every pod
 
 
 def test_a_kept_pod_that_ended_before_it_was_told_makes_the_attempt_replace_every_pod() -> None:
