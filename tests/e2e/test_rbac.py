@@ -175,7 +175,7 @@ def test_watching_namespaces_allows_every_call_there_and_no_other_verb(
 NEVER = [
     ("get", "", "secrets"), ("list", "", "secrets"), ("watch", "", "secrets"),
     ("create", "", "pods/exec"), ("create", "", "pods/eviction"), ("update", "", "pods"),
-    ("patch", "", "pods"), ("create", "tpujob.dev", "tputrainingjobs"),
+    ("create", "tpujob.dev", "tputrainingjobs"),
     ("update", "tpujob.dev", "tputrainingjobs"), ("delete", "", "services"),
     ("delete", "", "serviceaccounts"), ("create", "", "serviceaccounts/token"),
     ("delete", "rbac.authorization.k8s.io", "roles"),

@@ -30,10 +30,9 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -112,7 +111,9 @@ class Supervisor:
     poll_seconds: float = POLL_SECONDS
     coordinator_wait_seconds: float = COORDINATOR_WAIT_SECONDS
     resolves: Callable[[str], bool] = _resolves
-    _stop: threading.Event = field(default_factory=threading.Event)
+    # Set by `stop`, which runs in a signal handler: a plain flag, since a handler that takes
+    # a lock (threading.Event.set) can deadlock with the code it interrupted.
+    _stopping: bool = False
     _child: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
@@ -124,7 +125,7 @@ class Supervisor:
             order = self._watch(child, attempt)
             if order is None:
                 code = child.returncode
-                if self._stop.is_set() or not lost_a_peer(code):
+                if self._stopping or not lost_a_peer(code):
                     return exit_status(code)
                 log.warning("the training process lost a peer (exit %s); waiting up to %.0fs "
                             "for a rejoin order", exit_status(code), self.hold_seconds)
@@ -142,7 +143,7 @@ class Supervisor:
 
     def stop(self, signum: int) -> None:
         """Pass `signum` to the child and end once it has ended (no rejoin after it)."""
-        self._stop.set()
+        self._stopping = True
         child = self._child
         if child is not None and child.poll() is None:
             child.send_signal(signum)
@@ -155,7 +156,7 @@ class Supervisor:
         # The supervisor runs no thread of its own, so a preexec function is safe here.
         self._child = subprocess.Popen(list(self.command), env=dict(env),
                                        preexec_fn=_die_with_parent)  # noqa: PLW1509
-        if self._stop.is_set():  # a SIGTERM that came while it started
+        if self._stopping:  # a SIGTERM that came while it started
             self._child.send_signal(signal.SIGTERM)
         return self._child
 
@@ -168,7 +169,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             order = read_order(self.order_file)
-            if order is not None and order.attempt > attempt and not self._stop.is_set():
+            if order is not None and order.attempt > attempt and not self._stopping:
                 return order
 
     def _await_coordinator(self, host: str) -> bool:
@@ -176,19 +177,19 @@ class Supervisor:
         new pod may not yet): a process started earlier would retry a name that does not
         resolve with a growing backoff, and join late. False when stopped meanwhile."""
         deadline = time.monotonic() + self.coordinator_wait_seconds
-        while not self._stop.is_set() and time.monotonic() < deadline:
+        while not self._stopping and time.monotonic() < deadline:
             if self.resolves(host):
                 return True
-            self._stop.wait(self.poll_seconds)
-        return not self._stop.is_set()
+            time.sleep(self.poll_seconds)
+        return not self._stopping
 
     def _await_order(self, attempt: int) -> Rejoin | None:
         deadline = time.monotonic() + self.hold_seconds
-        while not self._stop.is_set() and time.monotonic() < deadline:
+        while not self._stopping and time.monotonic() < deadline:
             order = read_order(self.order_file)
             if order is not None and order.attempt > attempt:
                 return order
-            self._stop.wait(self.poll_seconds)
+            time.sleep(self.poll_seconds)
         return None
 
 
