@@ -68,9 +68,7 @@ def slices_to_keep(obs: Observed, trouble: Trouble, broken: Broken, decision: Re
         mine = [p for p in pods if p.slice == s]
         if len(mine) == tpu.hosts_per_slice and all(_keepable(p, bad_nodes) for p in mine):
             kept.add(s)
-    if COORDINATOR_SLICE not in kept:
-        return frozenset()
-    return frozenset(kept)
+    return frozenset(kept) if COORDINATOR_SLICE in kept else frozenset()
 
 
 def _keepable(pod: PodView, bad_nodes: frozenset[str]) -> bool:

@@ -56,7 +56,7 @@ def supervisor(tmp_path: Path, hold: float = 30.0, **behaviour: str) -> rejoin.S
         **{f"BEHAVIOUR_{k[1:]}": v for k, v in behaviour.items()},
     }
     return rejoin.Supervisor([sys.executable, "-c", CHILD], env, tmp_path / "order",
-                             hold_seconds=hold, poll_seconds=0.05, resolves=lambda host: True)
+                             hold_seconds=hold, poll_seconds=0.05)
 
 
 def records(tmp_path: Path) -> list[dict[str, str]]:
@@ -208,17 +208,3 @@ def test_no_rejoin_is_a_flag_the_trainer_accepts() -> None:
 
     assert load_config([NO_REJOIN_FLAG, "--steps", "3"], {}).steps == 3
 
-
-def test_a_rejoining_process_starts_once_its_coordinators_name_resolves(tmp_path: Path) -> None:
-    asked: list[str] = []
-
-    def resolves(host: str) -> bool:
-        asked.append(host)
-        return len(asked) >= 3  # the new coordinator pod's name appears on the third look
-
-    sup = supervisor(tmp_path, a2="exit:0")
-    sup.resolves = resolves
-    order(tmp_path, 2, "job-2-0-0.job.ns.svc.cluster.local")
-    assert sup.run() == 0
-    assert asked == ["job-2-0-0.job.ns.svc.cluster.local"] * 3
-    assert [r["TPUJOB_ATTEMPT"] for r in records(tmp_path)] == ["1", "2"]

@@ -27,11 +27,10 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -58,9 +57,6 @@ log = logging.getLogger("tpujob_trainer.rejoin")
 # collective timeout) is reported late by no more than this.
 HOLD_SECONDS = 30.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# The longest a rejoining process waits for its coordinator's name; then it starts anyway and
-# JAX's own initialization timeout decides.
-COORDINATOR_WAIT_SECONDS = 300.0
 POLL_SECONDS = 0.5
 
 
@@ -94,14 +90,6 @@ def lost_a_peer(returncode: int) -> bool:
     return returncode in PEER_LOST_EXIT_CODES or returncode == -signal.SIGABRT
 
 
-def _resolves(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, None)
-    except (OSError, UnicodeError):
-        return False
-    return True
-
-
 @dataclass
 class Supervisor:
     command: Sequence[str]
@@ -109,8 +97,6 @@ class Supervisor:
     order_file: Path
     hold_seconds: float = HOLD_SECONDS
     poll_seconds: float = POLL_SECONDS
-    coordinator_wait_seconds: float = COORDINATOR_WAIT_SECONDS
-    resolves: Callable[[str], bool] = _resolves
     # Set by `stop`, which runs in a signal handler: a plain flag, since a handler that takes
     # a lock (threading.Event.set) can deadlock with the code it interrupted.
     _stopping: bool = False
@@ -138,8 +124,6 @@ class Supervisor:
             log.warning("rejoining as attempt %d (coordinator %s)", order.attempt,
                         order.coordinator)
             attempt, env = order.attempt, rejoined_env(env, order)
-            if not self._await_coordinator(order.coordinator):
-                return 128 + signal.SIGTERM  # stopped while waiting: the pod is going away
 
     def stop(self, signum: int) -> None:
         """Pass `signum` to the child and end once it has ended (no rejoin after it)."""
@@ -171,17 +155,6 @@ class Supervisor:
             order = read_order(self.order_file)
             if order is not None and order.attempt > attempt and not self._stopping:
                 return order
-
-    def _await_coordinator(self, host: str) -> bool:
-        """Wait until the coordinator's name resolves (its pod exists; a replaced slice 0's
-        new pod may not yet): a process started earlier would retry a name that does not
-        resolve with a growing backoff, and join late. False when stopped meanwhile."""
-        deadline = time.monotonic() + self.coordinator_wait_seconds
-        while not self._stopping and time.monotonic() < deadline:
-            if self.resolves(host):
-                return True
-            time.sleep(self.poll_seconds)
-        return not self._stopping
 
     def _await_order(self, attempt: int) -> Rejoin | None:
         deadline = time.monotonic() + self.hold_seconds
