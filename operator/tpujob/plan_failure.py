@@ -10,9 +10,10 @@ from datetime import datetime, timedelta
 
 from tpujob import contract
 from tpujob import diagnosis as dx
-from tpujob.api import ConditionType, FailedNode, LastFailure, Phase, TPUTrainingJobStatus
+from tpujob.api import ConditionType, LastFailure, Phase, TPUTrainingJobStatus
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
+from tpujob.failed_nodes import avoided_nodes, record_blames
 from tpujob.failure_facts import Trouble, user_rules
 from tpujob.gcp.catalogue import pool_advice
 from tpujob.node_health import NodeHealthSettings, judge
@@ -116,7 +117,8 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
                 d.headline + (f" Advice: {d.advice}" if d.advice else ""))
     keep: frozenset[int] = frozenset()
     if isinstance(decision, Restart):
-        blamed = frozenset(n.name for n in status.failed_nodes) | set(decision.blame_nodes)
+        blamed = avoided_nodes(status.failed_nodes, obs.nodes,
+                               job.spec.recovery.bad_node_action) | set(decision.blame_nodes)
         keep = slices_to_keep(obs, trouble, broken, decision, settings=settings,
                               bad_nodes=blamed)
     for pod in obs.attempt_pods(status.attempt):
@@ -184,16 +186,11 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
              decision: Restart, *, kept: frozenset[int]) -> None:
     job, now = obs.job, draft.now
     status = job.status
-    # A node this job alone blamed before may now be blamed on evidence for everyone (lost,
-    # its TPUs unhealthy, the ledger): from then on it is marked like any other.
-    failed = [n.model_copy(update={"job_only": None})
-              if n.job_only and n.name in decision.mark_nodes else n
-              for n in status.failed_nodes]
-    known = {n.name for n in failed}
-    failed += [FailedNode(name=n, time=now, code=str(d.code),
-                          job_only=None if n in decision.mark_nodes else True)
-               for n in decision.blame_nodes if n not in known]
-    bad = frozenset(n.name for n in failed)
+    node_action = job.spec.recovery.bad_node_action
+    failed = record_blames(status.failed_nodes, blame=decision.blame_nodes,
+                           mark=decision.mark_nodes, nodes=obs.nodes, action=node_action,
+                           code=str(d.code), now=now)
+    bad = avoided_nodes(failed, obs.nodes, node_action)
     keep = {p.slice: p.node_pool for p in status.current_attempt.placement
             if p.slice not in decision.move_slices}
     # A moved slice leaves its pool even when no node there is blamed (a trainer's own hard

@@ -17,9 +17,9 @@ from tpujob.api import (
     ConditionType,
     Phase,
     Progress,
-    TPUTrainingJob,
 )
 from tpujob.api.attempt import AttemptStatus
+from tpujob.failed_nodes import avoided_nodes, repaired
 from tpujob.failure_facts import find_trouble
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
 from tpujob.observed import Observed, PodView
@@ -99,7 +99,9 @@ def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
     updated, changed = [], False
     for failed in draft.status.failed_nodes:
         node = obs.nodes.get(failed.name)
-        if failed.marked or failed.job_only or node is None or action is BadNodeAction.NONE:
+        # A node recreated before its mark was seen is a new VM: the mark was for the old one.
+        if failed.marked or failed.job_only or node is None or action is BadNodeAction.NONE \
+                or repaired(failed, node, action):
             updated.append(failed)
             continue
         if (node.unschedulable if action is BadNodeAction.CORDON
@@ -115,15 +117,17 @@ def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
         draft.update(failed_nodes=tuple(updated))
 
 
-def bad_nodes(job: TPUTrainingJob) -> frozenset[str]:
-    return frozenset(n.name for n in job.status.failed_nodes)
+def bad_nodes(obs: Observed) -> frozenset[str]:
+    """The job's failed nodes it still avoids (`tpujob.failed_nodes`)."""
+    return avoided_nodes(obs.job.status.failed_nodes, obs.nodes,
+                         obs.job.spec.recovery.bad_node_action)
 
 
 def _new_attempt_after_start_or_resume(obs: Observed, draft: Draft) -> None:
     job, now = obs.job, draft.now
     resuming = job.status.phase is Phase.SUSPENDED
     pools = choose_pools(obs, pools_of(job.status.current_attempt) if resuming else {},
-                         bad_nodes(job), draft=draft)
+                         bad_nodes(obs), draft=draft)
     attempt = job.status.attempt + 1
     draft.update(attempt=attempt, phase=Phase.STARTING,
                  start_time=job.status.start_time or now,
@@ -202,11 +206,12 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
     return blocking
 
 
-def attempt_settings(job: TPUTrainingJob, current: AttemptStatus, pools: dict[int, str],
+def attempt_settings(obs: Observed, current: AttemptStatus, pools: dict[int, str],
                      planner: PlannerSettings) -> manifests.AttemptSettings:
     """How the current attempt's pods are wired, the same at launch and when one is re-created."""
+    job = obs.job
     return manifests.AttemptSettings(
-        attempt=job.status.attempt, pools=pools, bad_nodes=bad_nodes(job),
+        attempt=job.status.attempt, pools=pools, bad_nodes=bad_nodes(obs),
         collective_timeout_seconds=current.collective_timeout_seconds
         or planner.collective_timeout_seconds,
         rollback_step=current.rollback_step,
@@ -223,7 +228,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
         return
     # Kept pods rejoin at once, while the replaced slices' old pods still go: their trainers
     # start again and wait for the new pods at the coordinator.
-    rejoin(obs, draft, attempt_settings(job, current, pools_of(current), planner))
+    rejoin(obs, draft, attempt_settings(obs, current, pools_of(current), planner))
     if draft.rejoin_pods:
         draft.fence_attempt = job.status.attempt
         draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
@@ -231,7 +236,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
     if blocking:
         draft.requeue(1.0)
         return
-    pools = choose_pools(obs, pools_of(current), bad_nodes(job), draft=draft)
+    pools = choose_pools(obs, pools_of(current), bad_nodes(obs), draft=draft)
     if len(pools) < job.spec.tpu.slices:
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
@@ -243,7 +248,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
                                                                       else ""))
         draft.requeue(WAIT_FOR_POOL_SECONDS)
         return
-    settings = attempt_settings(job, current, pools, planner)
+    settings = attempt_settings(obs, current, pools, planner)
     draft.fence_attempt = job.status.attempt
     if not draft.rejoin_pods:
         draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
@@ -272,7 +277,7 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     pods = obs.attempt_pods(job.status.attempt)
     tpu = job.spec.tpu
     expected = tpu.slices * tpu.hosts_per_slice
-    wiring = attempt_settings(job, current, pools_of(current), settings)
+    wiring = attempt_settings(obs, current, pools_of(current), settings)
     present = {p.name for p in pods} | {p.name for p in kept_pods(obs, wiring.kept).values()
                                         if not p.terminal and p.deleting_since is None}
     missing = [(s, w) for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)

@@ -84,6 +84,10 @@ class FailedNode(StatusModel):
     """A node blamed for a hard failure; counted against maxFailedNodes."""
 
     name: str = Field(max_length=c.MAX_NAME_LENGTH, description="Node name.")
+    uid: str | None = Field(
+        default=None, max_length=64, description="The Node object's uid when it was blamed. A "
+        "node of that name with another uid is a new one (GKE's auto-repair recreates the VM): "
+        "this job no longer avoids it, but it stays counted against maxFailedNodes.")
     time: datetime | None = Field(default=None, description="When it was blamed.")
     code: str | None = Field(default=None, max_length=64, description="Failure code.")
     marked: bool | None = Field(

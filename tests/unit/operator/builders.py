@@ -39,12 +39,13 @@ def job_body(*, slices: int = 1, status: dict[str, Any] | None = None,
 
 def node(name: str, pool: str, *, ready: str = "True", taints: tuple[str, ...] = (),
          tpu: int = 4, tpu_unhealthy: bool = False, node_labels: dict[str, str] | None = None,
-         ) -> dict[str, Any]:
+         uid: str | None = None, unschedulable: bool = False) -> dict[str, Any]:
     conditions = [{"type": "Ready", "status": ready}]
-    return {"metadata": {"name": name, "labels": {
+    return {"metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": {
                 labels.NODEPOOL: pool, labels.ACCELERATOR: "tpu-v4-podslice",
                 labels.TOPOLOGY: "2x2x2", **(node_labels or {})}},
-            "spec": {"taints": [{"key": t, "effect": "NoSchedule"} for t in taints]},
+            "spec": {"taints": [{"key": t, "effect": "NoSchedule"} for t in taints],
+                     "unschedulable": unschedulable},
             "status": {"conditions": conditions,
                        "capacity": {labels.TPU_RESOURCE: "4"},
                        "allocatable": {labels.TPU_RESOURCE: "0" if tpu_unhealthy else str(tpu)}}}
