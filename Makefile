@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale bench-goodput e2e-kind clean diagnosis-model
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale bench-goodput bench-soak e2e-kind clean diagnosis-model
 
 all: test
 
@@ -74,6 +74,12 @@ bench-scale: venv binaries
 bench-goodput: venv binaries
 	tools/build-bench-peers.sh
 	$(PY) bench/bench_goodput.py $(GOODPUT_ARGS)
+
+# The soak, scenario (d): an hour of 4 real CPU jobs, each created again as it ends, and a fault
+# every 2 minutes; the operator's RSS and open fds over time (no JobSet, so no bench peers).
+SOAK_ARGS ?=
+bench-soak: venv binaries
+	$(PY) bench/bench_soak.py $(SOAK_ARGS)
 
 e2e-kind:
 	hack/e2e-kind.sh

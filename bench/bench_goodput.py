@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,22 +69,25 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 class Cluster:
     """The local cluster with the operator and JobSet both running (each ignores the other's
-    objects)."""
+    objects); `jobset=False` runs the operator alone (the soak, bench_soak.py)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, pools: controlplane.PoolOptions = POOLS, *,
+                 jobset: bool = True) -> None:
         self.state_dir = state_dir
-        controlplane.up(state_dir, POOLS, out=sys.stderr)
+        controlplane.up(state_dir, pools, out=sys.stderr)
         self.kubeconfig = state_dir / "kubeconfig"
         logs = state_dir / "logs"
         self.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f",
-                     str(peers.jobset_crd()))
         self.procs = [peers.operator(self.kubeconfig, logs)]
-        jobset, hooks = peers.jobset(peers.peers_dir(), state_dir, self.kubeconfig, logs)
-        self.procs.append(jobset)
-        time.sleep(5)
-        self.kubectl("apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": hooks}))
+        if jobset:
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                         str(peers.jobset_crd()))
+            controller, hooks = peers.jobset(peers.peers_dir(), state_dir, self.kubeconfig,
+                                             logs)
+            self.procs.append(controller)
+            time.sleep(5)  # its webhook server up before the API server is told to call it
+            self.kubectl("apply", "-f", "-", stdin=json.dumps(
+                {"apiVersion": "v1", "kind": "List", "items": hooks}))
         api = config.new_client_from_config(str(self.kubeconfig))
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -196,9 +200,9 @@ class Faults:
     """The seeded schedule: the k-th fault is the same kind on the same (slice, worker) for
     every arm."""
 
-    def __init__(self, seed: int, count: int) -> None:
+    def __init__(self, seed: int, count: int, slices: int = SLICES) -> None:
         rng = random.Random(seed)
-        self.targets = [(rng.randrange(SLICES), rng.randrange(HOSTS)) for _ in range(count)]
+        self.targets = [(rng.randrange(slices), rng.randrange(HOSTS)) for _ in range(count)]
         self.repairs: list[threading.Timer] = []
 
     def cancel_repairs(self) -> None:
@@ -327,6 +331,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def parse_or_replot(p: argparse.ArgumentParser, out: str,
+                    plot: Callable[[dict[str, Any], Path], None]) -> argparse.Namespace | None:
+    """The arguments, with `--out` (bench/results/OUT by default) and `--replot` added; None
+    when `--replot` asked only for the plot of a results file, drawn next to it."""
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / out)
+    p.add_argument("--replot", type=Path, default=None,
+                   help="only draw the plot of this results file (next to it, as .png)")
+    a = p.parse_args()
+    if a.replot is None:
+        return a
+    plot(json.loads(a.replot.read_text()), a.replot.with_suffix(".png"))
+    return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=10.0)
@@ -336,12 +354,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--arms", nargs="+",
                    default=["reference", "tpujob", "tpujob-full", "jobset"])
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "goodput.json")
-    p.add_argument("--replot", type=Path, default=None,
-                   help="only draw the plot of this results file (next to it, as .png)")
-    a = p.parse_args()
-    if a.replot is not None:
-        plot(json.loads(a.replot.read_text()), a.replot.with_suffix(".png"))
+    a = parse_or_replot(p, "goodput.json", plot)
+    if a is None:
         return 0
     count = int(a.minutes * 60 // a.fault_every)
     schedule = Faults(a.seed, count)
