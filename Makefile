@@ -38,6 +38,7 @@ generate: venv
 
 lint: venv
 	$(VENV)/bin/ruff check operator trainer_image tests bench
+	$(VENV)/bin/ruff format --check operator trainer_image tests bench
 	$(VENV)/bin/mypy
 	cd trainer_image && ../$(VENV)/bin/mypy
 	PYTHONPATH=operator $(VENV)/bin/lint-imports

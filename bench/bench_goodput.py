@@ -59,8 +59,9 @@ from tpujob.api import GROUP, PLURAL, VERSION, parse_job  # noqa: E402
 from tpujob.local import controlplane, faults  # noqa: E402
 from tpujob.local.binaries import binary_dir  # noqa: E402
 
-POOLS = controlplane.PoolOptions(pools=3, accelerator="tpu-v4-podslice", topology="2x2x2",
-                                 spare_nodes=1)
+POOLS = controlplane.PoolOptions(
+    pools=3, accelerator="tpu-v4-podslice", topology="2x2x2", spare_nodes=1
+)
 SLICES, HOSTS = 2, 2
 TRAINER_ARGS = ["--steps", "10000000", "--step-time", "0.1", "--batch-size", "16"]
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
@@ -71,8 +72,9 @@ class Cluster:
     """The local cluster with the operator and JobSet both running (each ignores the other's
     objects); `jobset=False` runs the operator alone (the soak, bench_soak.py)."""
 
-    def __init__(self, state_dir: Path, pools: controlplane.PoolOptions = POOLS, *,
-                 jobset: bool = True) -> None:
+    def __init__(
+        self, state_dir: Path, pools: controlplane.PoolOptions = POOLS, *, jobset: bool = True
+    ) -> None:
         self.state_dir = state_dir
         controlplane.up(state_dir, pools, out=sys.stderr)
         self.kubeconfig = state_dir / "kubeconfig"
@@ -80,23 +82,31 @@ class Cluster:
         self.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         self.procs = [peers.operator(self.kubeconfig, logs)]
         if jobset:
-            self.kubectl("apply", "--server-side", "--force-conflicts", "-f",
-                         str(peers.jobset_crd()))
-            controller, hooks = peers.jobset(peers.peers_dir(), state_dir, self.kubeconfig,
-                                             logs)
+            self.kubectl(
+                "apply", "--server-side", "--force-conflicts", "-f", str(peers.jobset_crd())
+            )
+            controller, hooks = peers.jobset(peers.peers_dir(), state_dir, self.kubeconfig, logs)
             self.procs.append(controller)
             time.sleep(5)  # its webhook server up before the API server is told to call it
-            self.kubectl("apply", "-f", "-", stdin=json.dumps(
-                {"apiVersion": "v1", "kind": "List", "items": hooks}))
+            self.kubectl(
+                "apply",
+                "-f",
+                "-",
+                stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": hooks}),
+            )
         api = config.new_client_from_config(str(self.kubeconfig))
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.checkpoints = Path(tempfile.mkdtemp(prefix="tpujob-goodput-"))
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        return subprocess.run([str(binary_dir() / "kubectl"), "--kubeconfig",
-                               str(self.kubeconfig), *args], input=stdin, check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            [str(binary_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
 
     def close(self) -> None:
         for proc in reversed(self.procs):
@@ -119,16 +129,31 @@ def job_manifest(namespace: str, checkpoints: Path, *, rejoin: bool = True) -> d
     # With --no-rejoin the trainer does not run under its supervisor, and says so on its
     # heartbeat: the operator then replaces every pod on every failure.
     args = TRAINER_ARGS if rejoin else [*TRAINER_ARGS, "--no-rejoin"]
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTrainingJob",
-            "metadata": {"name": "run", "namespace": namespace},
-            "spec": {"tpu": {"accelerator": POOLS.accelerator, "topology": POOLS.topology,
-                             "slices": SLICES},
-                     "trainer": {"image": "local", "command": ["tpujob-trainer"],
-                                 "args": args, "allowCpuFallback": True},
-                     "checkpoint": {"volume": {"hostPath": str(checkpoints)},
-                                    "intervalSteps": 20, "keep": 2},
-                     "recovery": {"maxFailedNodes": SLICES * HOSTS // 2, "maxHardRestarts": 100,
-                                  "maxSoftRestarts": 100, "maxMediumRestarts": 100}}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TPUTrainingJob",
+        "metadata": {"name": "run", "namespace": namespace},
+        "spec": {
+            "tpu": {"accelerator": POOLS.accelerator, "topology": POOLS.topology, "slices": SLICES},
+            "trainer": {
+                "image": "local",
+                "command": ["tpujob-trainer"],
+                "args": args,
+                "allowCpuFallback": True,
+            },
+            "checkpoint": {
+                "volume": {"hostPath": str(checkpoints)},
+                "intervalSteps": 20,
+                "keep": 2,
+            },
+            "recovery": {
+                "maxFailedNodes": SLICES * HOSTS // 2,
+                "maxHardRestarts": 100,
+                "maxSoftRestarts": 100,
+                "maxMediumRestarts": 100,
+            },
+        },
+    }
 
 
 def jobset_manifest(namespace: str, checkpoints: Path, max_restarts: int) -> dict[str, Any]:
@@ -139,44 +164,98 @@ def jobset_manifest(namespace: str, checkpoints: Path, max_restarts: int) -> dic
     job = parse_job(job_manifest(namespace, checkpoints, rejoin=False))
     pod = manifests.trainer_pod(job, manifests.AttemptSettings(attempt=1, pools={}), 0, 0)
     container = pod["spec"]["containers"][0]
-    per_host = {"TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_SLICE_ID",
-                "MEGASCALE_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID",
-                contract.ENV_HEARTBEAT_LEASE, contract.ENV_JOB_UID, contract.ENV_REJOIN_FILE}
+    per_host = {
+        "TPU_WORKER_ID",
+        "TPU_WORKER_HOSTNAMES",
+        "MEGASCALE_SLICE_ID",
+        "MEGASCALE_COORDINATOR_ADDRESS",
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_PROCESS_ID",
+        contract.ENV_HEARTBEAT_LEASE,
+        contract.ENV_JOB_UID,
+        contract.ENV_REJOIN_FILE,
+    }
     env = [e for e in container["env"] if e["name"] not in per_host]
-    env += [{"name": "SLICE", "valueFrom": {"fieldRef": {
-                "fieldPath": f"metadata.labels['{JOB_INDEX}']"}}},
-            {"name": "WORKER", "valueFrom": {"fieldRef": {
-                "fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}]
+    env += [
+        {
+            "name": "SLICE",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX}']"}},
+        },
+        {
+            "name": "WORKER",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}},
+        },
+    ]
     host = "run-slice-{slice}-{worker}.run." + namespace + ".svc.cluster.local"
     coordinator = host.format(slice=0, worker=0)
-    script = "; ".join([
-        "export TPU_WORKER_ID=$WORKER MEGASCALE_SLICE_ID=$SLICE",
-        f"export JAX_PROCESS_ID=$(( SLICE * {HOSTS} + WORKER ))",
-        "export TPU_WORKER_HOSTNAMES=" + ",".join(
-            host.format(slice="$SLICE", worker=w) for w in range(HOSTS)),
-        f"export JAX_COORDINATOR_ADDRESS={coordinator}:{labels.JAX_COORDINATOR_PORT}",
-        f"export MEGASCALE_COORDINATOR_ADDRESS={coordinator}:{labels.MEGASCALE_PORT}",
-        'exec "$@"'])
-    container.update(command=["sh", "-c", script, "trainer",
-                              *container.get("command", []), *container.get("args", [])],
-                     env=env, volumeMounts=[m for m in container["volumeMounts"]
-                                            if m["name"] != manifests.REJOIN_VOLUME])
-    pod["spec"]["volumes"] = [v for v in pod["spec"]["volumes"]
-                              if v["name"] != manifests.REJOIN_VOLUME]
+    script = "; ".join(
+        [
+            "export TPU_WORKER_ID=$WORKER MEGASCALE_SLICE_ID=$SLICE",
+            f"export JAX_PROCESS_ID=$(( SLICE * {HOSTS} + WORKER ))",
+            "export TPU_WORKER_HOSTNAMES="
+            + ",".join(host.format(slice="$SLICE", worker=w) for w in range(HOSTS)),
+            f"export JAX_COORDINATOR_ADDRESS={coordinator}:{labels.JAX_COORDINATOR_PORT}",
+            f"export MEGASCALE_COORDINATOR_ADDRESS={coordinator}:{labels.MEGASCALE_PORT}",
+            'exec "$@"',
+        ]
+    )
+    container.update(
+        command=[
+            "sh",
+            "-c",
+            script,
+            "trainer",
+            *container.get("command", []),
+            *container.get("args", []),
+        ],
+        env=env,
+        volumeMounts=[m for m in container["volumeMounts"] if m["name"] != manifests.REJOIN_VOLUME],
+    )
+    pod["spec"]["volumes"] = [
+        v for v in pod["spec"]["volumes"] if v["name"] != manifests.REJOIN_VOLUME
+    ]
     container.pop("args", None)
-    spec = {k: v for k, v in pod["spec"].items()
-            if k not in ("hostname", "subdomain", "affinity", "serviceAccountName",
-                         "automountServiceAccountToken")}
+    spec = {
+        k: v
+        for k, v in pod["spec"].items()
+        if k
+        not in (
+            "hostname",
+            "subdomain",
+            "affinity",
+            "serviceAccountName",
+            "automountServiceAccountToken",
+        )
+    }
     spec["restartPolicy"] = "Never"
-    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-            "metadata": {"name": "run", "namespace": namespace, "annotations": {
-                "alpha.jobset.sigs.k8s.io/exclusive-topology": labels.NODEPOOL}},
-            "spec": {"failurePolicy": {"maxRestarts": max_restarts},
-                     "network": {"enableDNSHostnames": True},
-                     "replicatedJobs": [{"name": "slice", "replicas": SLICES, "template": {
-                         "spec": {"parallelism": HOSTS, "completions": HOSTS,
-                                  "completionMode": "Indexed", "backoffLimit": 0,
-                                  "template": {"spec": spec}}}}]}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "run",
+            "namespace": namespace,
+            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": labels.NODEPOOL},
+        },
+        "spec": {
+            "failurePolicy": {"maxRestarts": max_restarts},
+            "network": {"enableDNSHostnames": True},
+            "replicatedJobs": [
+                {
+                    "name": "slice",
+                    "replicas": SLICES,
+                    "template": {
+                        "spec": {
+                            "parallelism": HOSTS,
+                            "completions": HOSTS,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "template": {"spec": spec},
+                        }
+                    },
+                }
+            ],
+        },
+    }
 
 
 def committed_step(folder: Path) -> int:
@@ -211,20 +290,33 @@ class Faults:
             repair.cancel()
         self.repairs.clear()
 
-    def inject(self, cluster: Cluster, namespace: str, arm: str, k: int, *,
-               repair_after: float, log: list[dict[str, Any]]) -> bool:
+    def inject(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        arm: str,
+        k: int,
+        *,
+        repair_after: float,
+        log: list[dict[str, Any]],
+    ) -> bool:
         """Inject fault k when the arm has that worker running; False while it has not."""
         target = self.targets[k]
-        running = [p for p in cluster.core.list_namespaced_pod(namespace).items
-                   if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
-                   and worker_of(p, arm) == target]
+        running = [
+            p
+            for p in cluster.core.list_namespaced_pod(namespace).items
+            if p.status.phase == "Running"
+            and p.metadata.deletion_timestamp is None
+            and worker_of(p, arm) == target
+        ]
         if not running:
             return False
         pod = running[0]
         kind = "kill" if k % 2 == 0 else "node-down"
         if kind == "kill":
-            faults.kill_pod(cluster.state_dir, faults.find_pod(
-                cluster.state_dir, pod.metadata.name, namespace))
+            faults.kill_pod(
+                cluster.state_dir, faults.find_pod(cluster.state_dir, pod.metadata.name, namespace)
+            )
         else:
             node = pod.spec.node_name
             faults.set_node_fault(cluster.state_dir, node, down=True)
@@ -232,24 +324,41 @@ class Faults:
             repair.daemon = True
             repair.start()
             self.repairs.append(repair)
-        log.append({"k": k, "kind": kind, "slice": target[0], "worker": target[1],
-                    "pod": pod.metadata.name, "node": pod.spec.node_name})
+        log.append(
+            {
+                "k": k,
+                "kind": kind,
+                "slice": target[0],
+                "worker": target[1],
+                "pod": pod.metadata.name,
+                "node": pod.spec.node_name,
+            }
+        )
         return True
 
 
-def run_arm(cluster: Cluster, arm: str, a: argparse.Namespace,
-            schedule: Faults | None) -> dict[str, Any]:
+def run_arm(
+    cluster: Cluster, arm: str, a: argparse.Namespace, schedule: Faults | None
+) -> dict[str, Any]:
     namespace = cluster.namespace(f"goodput-{arm}")
     folder = cluster.checkpoints / arm
     folder.mkdir()
     if arm == "jobset":
         cluster.custom.create_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets",
-            jobset_manifest(namespace, folder, max_restarts=100))
+            "jobset.x-k8s.io",
+            "v1alpha2",
+            namespace,
+            "jobsets",
+            jobset_manifest(namespace, folder, max_restarts=100),
+        )
     else:
         cluster.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL,
-            job_manifest(namespace, folder, rejoin=arm != "tpujob-full"))
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            job_manifest(namespace, folder, rejoin=arm != "tpujob-full"),
+        )
     created = time.monotonic()
     # The clock starts when the first step is committed: start-up (JAX on CPU, the first
     # compile) is the same for every arm and not what this compares.
@@ -262,25 +371,40 @@ def run_arm(cluster: Cluster, arm: str, a: argparse.Namespace,
         if now >= sample:
             steps.append((round(now - start, 1), committed_step(folder)))
             sample += 5.0
-        if schedule is not None and now >= due and k < len(schedule.targets) and \
-                schedule.inject(cluster, namespace, arm, k, repair_after=a.repair_after,
-                                log=injected):
+        if (
+            schedule is not None
+            and now >= due
+            and k < len(schedule.targets)
+            and schedule.inject(
+                cluster, namespace, arm, k, repair_after=a.repair_after, log=injected
+            )
+        ):
             injected[-1]["at_s"] = round(now - start, 1)
             k, due = k + 1, due + a.fault_every
         time.sleep(0.5)
     step = committed_step(folder)
     steps.append((round(time.monotonic() - start, 1), step))
-    result: dict[str, Any] = {"committed_step": step, "startup_s": round(start - created, 1),
-                              "faults": injected, "committed_over_time": steps}
+    result: dict[str, Any] = {
+        "committed_step": step,
+        "startup_s": round(start - created, 1),
+        "faults": injected,
+        "committed_over_time": steps,
+    }
     if arm == "jobset":
         js = cluster.custom.get_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "run")
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "run"
+        )
         result["restarts"] = (js.get("status") or {}).get("restarts", 0)
         cluster.custom.delete_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "run")
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "run"
+        )
     else:
-        status = cluster.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, "run").get("status") or {}
+        status = (
+            cluster.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, "run"
+            ).get("status")
+            or {}
+        )
         result["status_goodput"] = status.get("goodput")
         result["restarts"] = status.get("restarts")
         cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "run")
@@ -292,8 +416,12 @@ def run_arm(cluster: Cluster, arm: str, a: argparse.Namespace,
     return result
 
 
-COLORS = {"reference": "0.6", "tpujob": "tab:blue", "tpujob-full": "tab:cyan",
-          "jobset": "tab:orange"}
+COLORS = {
+    "reference": "0.6",
+    "tpujob": "tab:blue",
+    "tpujob-full": "tab:cyan",
+    "jobset": "tab:orange",
+}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -309,35 +437,52 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for arm, result in arms.items():
         series = result.get("committed_over_time") or []
         if series:
-            left.plot([t for t, _ in series], [s for _, s in series], color=COLORS.get(arm),
-                      label=arm)
+            left.plot(
+                [t for t, _ in series], [s for _, s in series], color=COLORS.get(arm), label=arm
+            )
         for fault in result.get("faults") or []:
-            left.axvline(fault["at_s"], color=COLORS.get(arm), alpha=0.3,
-                         linestyle="-" if fault["kind"] == "kill" else "--")
-    left.set(xlabel="seconds since the first committed step", ylabel="committed step",
-             title="checkpoints (faults: kill solid, node down dashed)")
+            left.axvline(
+                fault["at_s"],
+                color=COLORS.get(arm),
+                alpha=0.3,
+                linestyle="-" if fault["kind"] == "kill" else "--",
+            )
+    left.set(
+        xlabel="seconds since the first committed step",
+        ylabel="committed step",
+        title="checkpoints (faults: kill solid, node down dashed)",
+    )
     if any(r.get("committed_over_time") for r in arms.values()):
         left.legend()
     else:
         left.text(0.5, 0.5, "no time series in this run", ha="center", transform=left.transAxes)
     names = list(arms)
-    right.bar(names, [arms[n].get("goodput") or 0 for n in names],
-              color=[COLORS.get(n) for n in names])
-    right.set(ylabel="committed step / reference's", ylim=(0, 1.1),
-              title=f"goodput after {report['minutes']:g} min, a fault every "
-                    f"{report['fault_every_s']:g} s")
+    right.bar(
+        names, [arms[n].get("goodput") or 0 for n in names], color=[COLORS.get(n) for n in names]
+    )
+    right.set(
+        ylabel="committed step / reference's",
+        ylim=(0, 1.1),
+        title=f"goodput after {report['minutes']:g} min, a fault every "
+        f"{report['fault_every_s']:g} s",
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def parse_or_replot(p: argparse.ArgumentParser, out: str,
-                    plot: Callable[[dict[str, Any], Path], None]) -> argparse.Namespace | None:
+def parse_or_replot(
+    p: argparse.ArgumentParser, out: str, plot: Callable[[dict[str, Any], Path], None]
+) -> argparse.Namespace | None:
     """The arguments, with `--out` (bench/results/OUT by default) and `--replot` added; None
     when `--replot` asked only for the plot of a results file, drawn next to it."""
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / out)
-    p.add_argument("--replot", type=Path, default=None,
-                   help="only draw the plot of this results file (next to it, as .png)")
+    p.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        help="only draw the plot of this results file (next to it, as .png)",
+    )
     a = p.parse_args()
     if a.replot is None:
         return a
@@ -349,11 +494,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--fault-every", type=float, default=120.0)
-    p.add_argument("--repair-after", type=float, default=60.0,
-                   help="seconds a downed node stays down (then it comes back, as repaired)")
+    p.add_argument(
+        "--repair-after",
+        type=float,
+        default=60.0,
+        help="seconds a downed node stays down (then it comes back, as repaired)",
+    )
     p.add_argument("--seed", type=int, default=2026)
-    p.add_argument("--arms", nargs="+",
-                   default=["reference", "tpujob", "tpujob-full", "jobset"])
+    p.add_argument("--arms", nargs="+", default=["reference", "tpujob", "tpujob-full", "jobset"])
     a = parse_or_replot(p, "goodput.json", plot)
     if a is None:
         return 0
@@ -361,15 +509,21 @@ def main() -> int:
     schedule = Faults(a.seed, count)
     command = "python bench/bench_goodput.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     report: dict[str, Any] = {
-        "command": command.strip(), "minutes": a.minutes, "fault_every_s": a.fault_every,
-        "repair_after_s": a.repair_after, "seed": a.seed, "slices": SLICES,
-        "hosts_per_slice": HOSTS, "trainer_args": TRAINER_ARGS, "arms": {}}
+        "command": command.strip(),
+        "minutes": a.minutes,
+        "fault_every_s": a.fault_every,
+        "repair_after_s": a.repair_after,
+        "seed": a.seed,
+        "slices": SLICES,
+        "hosts_per_slice": HOSTS,
+        "trainer_args": TRAINER_ARGS,
+        "arms": {},
+    }
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="tpujob-goodput-cluster-")))
     try:
         for arm in a.arms:
             print(f"== {arm}", file=sys.stderr, flush=True)
-            report["arms"][arm] = run_arm(cluster, arm, a,
-                                          None if arm == "reference" else schedule)
+            report["arms"][arm] = run_arm(cluster, arm, a, None if arm == "reference" else schedule)
             print(json.dumps(report["arms"][arm]), file=sys.stderr, flush=True)
     finally:
         cluster.close()

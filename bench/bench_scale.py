@@ -45,35 +45,68 @@ from tpujob.local.binaries import binary_dir  # noqa: E402
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scenario", nargs="+", default=["ladder"],
-                   choices=["ladder", "drain", "recovery"])
+    p.add_argument(
+        "--scenario", nargs="+", default=["ladder"], choices=["ladder", "drain", "recovery"]
+    )
     p.add_argument("--arms", nargs="+", default=list(workloads.ARMS), choices=workloads.ARMS)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--sizes", type=int, nargs="+", default=[25, 100, 250],
-                   help="ladder: pools, and as many workloads at once")
+    p.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[25, 100, 250],
+        help="ladder: pools, and as many workloads at once",
+    )
     p.add_argument("--drain-jobs", type=int, default=1000)
     p.add_argument("--drain-pools", type=int, default=250)
     p.add_argument("--run-for", default="60s", help="drain: each workload's run time")
     p.add_argument("--recovery-jobs", type=int, default=250)
     p.add_argument("--recovery-pools", type=int, default=275)
-    p.add_argument("--timeout", type=float, default=600,
-                   help="ladder and drain: a run not done by then is recorded as a timeout")
-    p.add_argument("--recovery-timeout", type=float, default=240,
-                   help="per fault phase (node repair recreates the Nodes at +90 s)")
-    p.add_argument("--node-monitor-grace", type=int, default=50,
-                   help="KCM --node-monitor-grace-period (kwok renews Leases every lease/4)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="ladder and drain: a run not done by then is recorded as a timeout",
+    )
+    p.add_argument(
+        "--recovery-timeout",
+        type=float,
+        default=240,
+        help="per fault phase (node repair recreates the Nodes at +90 s)",
+    )
+    p.add_argument(
+        "--node-monitor-grace",
+        type=int,
+        default=50,
+        help="KCM --node-monitor-grace-period (kwok renews Leases every lease/4)",
+    )
     p.add_argument("--kwok-lease", type=int, default=40)
     p.add_argument("--seed", type=int, default=12)
-    p.add_argument("--quick", action="store_true",
-                   help="25 pools, 1 run, small drain and recovery: a few minutes per scenario")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="25 pools, 1 run, small drain and recovery: a few minutes per scenario",
+    )
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--state-root", type=Path, default=None)
-    p.add_argument("--keep-logs", type=Path, default=None,
-                   help="copy each run's component logs (operator, controllers) here")
-    p.add_argument("--append", action="store_true",
-                   help="add the runs to those already in the results file (e.g. another size)")
-    p.add_argument("--replot", type=Path, nargs="+", default=[],
-                   help="only summarize and plot these results files again")
+    p.add_argument(
+        "--keep-logs",
+        type=Path,
+        default=None,
+        help="copy each run's component logs (operator, controllers) here",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add the runs to those already in the results file (e.g. another size)",
+    )
+    p.add_argument(
+        "--replot",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="only summarize and plot these results files again",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.runs, a.sizes, a.timeout = 1, [25], 90.0
@@ -88,18 +121,33 @@ def plan(a: argparse.Namespace, scenario: str) -> list[tuple[int, int, workloads
     if scenario == "ladder":
         return [(n, n, workloads.Shape(pools=n)) for n in a.sizes]
     if scenario == "drain":
-        return [(a.drain_jobs, a.drain_pools,
-                 workloads.Shape(pools=a.drain_pools, run_for=a.run_for))]
+        return [
+            (a.drain_jobs, a.drain_pools, workloads.Shape(pools=a.drain_pools, run_for=a.run_for))
+        ]
     return [(a.recovery_jobs, a.recovery_pools, workloads.Shape(pools=a.recovery_pools))]
 
 
-def one_run(a: argparse.Namespace, *, scenario: str, arm: str, size: int, pools: int,
-            shape: workloads.Shape, bin_dir: Path, settings: cluster.Settings,
-            run: int) -> dict[str, Any]:
+def one_run(
+    a: argparse.Namespace,
+    *,
+    scenario: str,
+    arm: str,
+    size: int,
+    pools: int,
+    shape: workloads.Shape,
+    bin_dir: Path,
+    settings: cluster.Settings,
+    run: int,
+) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix=f"tpujob-scale-{arm}-", dir=a.state_root))
     arm_cluster = cluster.ArmCluster(arm, state, pools, settings)
-    record: dict[str, Any] = {"scenario": scenario, "size": size, "arm": arm, "run": run,
-                              "pools": pools}
+    record: dict[str, Any] = {
+        "scenario": scenario,
+        "size": size,
+        "arm": arm,
+        "run": run,
+        "pools": pools,
+    }
     started = time.monotonic()
     try:
         arm_cluster.up(bin_dir)
@@ -109,8 +157,9 @@ def one_run(a: argparse.Namespace, *, scenario: str, arm: str, size: int, pools:
         elif scenario == "drain":
             record["result"] = scenarios.drain(arm_cluster, shape, size, a.timeout)
         else:
-            record["result"] = scenarios.recovery(arm_cluster, shape, size,
-                                                  timeout=a.recovery_timeout, seed=a.seed + run)
+            record["result"] = scenarios.recovery(
+                arm_cluster, shape, size, timeout=a.recovery_timeout, seed=a.seed + run
+            )
     except Exception as err:  # a failed run is a result, not the end of the benchmark
         record["error"] = f"{err!r}"
         traceback.print_exc()
@@ -133,14 +182,17 @@ def one_run(a: argparse.Namespace, *, scenario: str, arm: str, size: int, pools:
     return record
 
 
-def write(a: argparse.Namespace, scenario: str, runs: list[dict[str, Any]],
-          meta: dict[str, Any]) -> Path:
+def write(
+    a: argparse.Namespace, scenario: str, runs: list[dict[str, Any]], meta: dict[str, Any]
+) -> Path:
     stem = f"scale-quick-{scenario}" if a.quick else f"scale-{scenario}"
     a.results.mkdir(parents=True, exist_ok=True)
     summary = report.summarize(scenario, runs) if runs else {}
     path: Path = a.results / f"{stem}.json"
-    path.write_text(json.dumps({**meta, "scenario": scenario, "summary": summary,
-                                "runs": runs}, indent=1) + "\n")
+    path.write_text(
+        json.dumps({**meta, "scenario": scenario, "summary": summary, "runs": runs}, indent=1)
+        + "\n"
+    )
     if runs:  # the table: report.markdown(scenario, summary)
         report.plot(scenario, runs, summary, a.results / f"{stem}.png")
     return path
@@ -160,23 +212,31 @@ def main(argv: list[str] | None = None) -> int:
         print("the local cluster needs root (pod network namespaces)", file=sys.stderr)
         return 2
     bin_dir = peers.peers_dir()
-    settings = cluster.Settings(node_monitor_grace_seconds=a.node_monitor_grace,
-                                kwok_lease_seconds=a.kwok_lease)
-    versions = subprocess.run([str(binary_dir() / "kubectl"), "version", "--client", "-o",
-                               "json"], check=False, capture_output=True, text=True).stdout
+    settings = cluster.Settings(
+        node_monitor_grace_seconds=a.node_monitor_grace, kwok_lease_seconds=a.kwok_lease
+    )
+    versions = subprocess.run(
+        [str(binary_dir() / "kubectl"), "version", "--client", "-o", "json"],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout
     meta = {
-        "command": "python bench/bench_scale.py " + " ".join(sys.argv[1:] if argv is None
-                                                             else argv),
+        "command": "python bench/bench_scale.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count()},
-        "settings": {**settings.__dict__, "peers": bin_dir.name,
-                     "kubernetes": json.loads(versions or "{}").get(
-                         "clientVersion", {}).get("gitVersion"),
-                     "kcm_client_qps": "default (20, burst 30)",
-                     "scheduler_client_qps": "default (50, burst 100)",
-                     "jobset_client_qps": peers.JOBSET_QPS,
-                     "operator_args": list(peers.OPERATOR_ARGS),
-                     "job_arm_placement": "static: workload i on pool i mod pools"},
-        "arms": a.arms, "runs_per_arm": a.runs,
+        "settings": {
+            **settings.__dict__,
+            "peers": bin_dir.name,
+            "kubernetes": json.loads(versions or "{}").get("clientVersion", {}).get("gitVersion"),
+            "kcm_client_qps": "default (20, burst 30)",
+            "scheduler_client_qps": "default (50, burst 100)",
+            "jobset_client_qps": peers.JOBSET_QPS,
+            "operator_args": list(peers.OPERATOR_ARGS),
+            "job_arm_placement": "static: workload i on pool i mod pools",
+        },
+        "arms": a.arms,
+        "runs_per_arm": a.runs,
     }
     for scenario in a.scenario:
         runs: list[dict[str, Any]] = []
@@ -185,13 +245,24 @@ def main(argv: list[str] | None = None) -> int:
             runs = json.loads(old.read_text())["runs"]
         for size, pools, shape in plan(a, scenario):
             for run in range(a.runs):
-                order = a.arms[run % len(a.arms):] + a.arms[:run % len(a.arms)]
+                order = a.arms[run % len(a.arms) :] + a.arms[: run % len(a.arms)]
                 for arm in order:
-                    print(f"== {scenario} size {size} pools {pools} arm {arm} run {run}",
-                          file=sys.stderr, flush=True)
-                    record = one_run(a, scenario=scenario, arm=arm, size=size, pools=pools,
-                                     shape=shape, bin_dir=bin_dir, settings=settings,
-                                     run=run)
+                    print(
+                        f"== {scenario} size {size} pools {pools} arm {arm} run {run}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    record = one_run(
+                        a,
+                        scenario=scenario,
+                        arm=arm,
+                        size=size,
+                        pools=pools,
+                        shape=shape,
+                        bin_dir=bin_dir,
+                        settings=settings,
+                        run=run,
+                    )
                     record["command"] = meta["command"]
                     runs.append(record)
                     print(json.dumps(_brief(record)), file=sys.stderr, flush=True)
@@ -203,12 +274,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def _brief(record: dict[str, Any]) -> dict[str, Any]:
     res = record.get("result", {})
-    return {k: v for k, v in {**record, "result": None}.items() if k != "result"} | {
-        k: res.get(k) for k in ("all_running", "all_done", "workloads_running",
-                                "workloads_done", "create_to_running_s", "makespan_s",
-                                "pods_failed", "nodes_lost") if k in res} | (
-        {"controller_cpu_s": res["cost"]["controller_cpu_seconds"],
-         "arm_requests": res["cost"]["arm_requests"]} if "cost" in res else {})
+    return (
+        {k: v for k, v in {**record, "result": None}.items() if k != "result"}
+        | {
+            k: res.get(k)
+            for k in (
+                "all_running",
+                "all_done",
+                "workloads_running",
+                "workloads_done",
+                "create_to_running_s",
+                "makespan_s",
+                "pods_failed",
+                "nodes_lost",
+            )
+            if k in res
+        }
+        | (
+            {
+                "controller_cpu_s": res["cost"]["controller_cpu_seconds"],
+                "arm_requests": res["cost"]["arm_requests"],
+            }
+            if "cost" in res
+            else {}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,7 @@ WARMUP = 0.1  # the share of the run left out of the slopes
 FINISHED = ("Succeeded", "Failed")
 
 
-def slope_per_hour(samples: Sequence[tuple[float, float]],
-                   warmup: float = WARMUP) -> float | None:
+def slope_per_hour(samples: Sequence[tuple[float, float]], warmup: float = WARMUP) -> float | None:
     """Least-squares slope of (seconds, value) samples, in value per hour, over the samples
     after the first `warmup` share of their time span; None with fewer than two left."""
     if not samples:
@@ -94,8 +93,7 @@ def process_usage(pid: int) -> tuple[float, int] | None:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except FileNotFoundError:
         return None
-    kib = next(int(line.split()[1]) for line in status.splitlines()
-               if line.startswith("VmRSS:"))
+    kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
     return kib / 1024, fds
 
 
@@ -137,14 +135,19 @@ def start_job(cluster: Cluster, slot: Slot, now_s: float, steps: int) -> None:
     slot.folder.mkdir(parents=True)
     slot.created_s = now_s
     cluster.custom.create_namespaced_custom_object(
-        GROUP, VERSION, slot.namespace, PLURAL,
-        soak_manifest(slot.namespace, slot.name, slot.folder, steps))
+        GROUP,
+        VERSION,
+        slot.namespace,
+        PLURAL,
+        soak_manifest(slot.namespace, slot.name, slot.folder, steps),
+    )
 
 
 def job_status(cluster: Cluster, slot: Slot) -> dict[str, Any]:
     try:
         body = cluster.custom.get_namespaced_custom_object(
-            GROUP, VERSION, slot.namespace, PLURAL, slot.name)
+            GROUP, VERSION, slot.namespace, PLURAL, slot.name
+        )
     except client.exceptions.ApiException:
         return {}  # a moment's error: read again on the next pass
     return dict(body.get("status") or {})
@@ -154,12 +157,20 @@ def record_life(slot: Slot, status: dict[str, Any], now_s: float) -> None:
     """The job now in the slot, as it stands: its committed steps over its lifetime."""
     lifetime = now_s - slot.created_s
     step = committed_step(slot.folder)
-    slot.lives.append({
-        "job": slot.name, "created_s": round(slot.created_s, 1), "ended_s": round(now_s, 1),
-        "phase": status.get("phase"), "attempt": status.get("attempt"),
-        "committed_step": step, "lifetime_s": round(lifetime, 1),
-        "committed_steps_per_s": round(step / lifetime, 3) if lifetime > 0 else None,
-        "status_goodput": status.get("goodput"), "restarts": status.get("restarts")})
+    slot.lives.append(
+        {
+            "job": slot.name,
+            "created_s": round(slot.created_s, 1),
+            "ended_s": round(now_s, 1),
+            "phase": status.get("phase"),
+            "attempt": status.get("attempt"),
+            "committed_step": step,
+            "lifetime_s": round(lifetime, 1),
+            "committed_steps_per_s": round(step / lifetime, 3) if lifetime > 0 else None,
+            "status_goodput": status.get("goodput"),
+            "restarts": status.get("restarts"),
+        }
+    )
 
 
 def recovered(status: dict[str, Any], attempt_at_fault: int) -> bool:
@@ -171,26 +182,33 @@ def recovered(status: dict[str, Any], attempt_at_fault: int) -> bool:
     return resumed or status.get("phase") == "Succeeded"
 
 
-def settle_faults(pending: list[dict[str, Any]], statuses: dict[int, dict[str, Any]],
-                  now_s: float) -> None:
+def settle_faults(
+    pending: list[dict[str, Any]], statuses: dict[int, dict[str, Any]], now_s: float
+) -> None:
     """Mark the pending faults whose job has recovered, or has ended without; drop them from
     `pending` (a pending fault's job is always its slot's current one)."""
     for fault in list(pending):
         status = statuses.get(fault["slot"], {})
         if recovered(status, fault["attempt"]):
-            fault.update(outcome="recovered", recovered_at_s=round(now_s, 1),
-                         recovery_s=round(now_s - fault["at_s"], 1))
+            fault.update(
+                outcome="recovered",
+                recovered_at_s=round(now_s, 1),
+                recovery_s=round(now_s - fault["at_s"], 1),
+            )
         elif status.get("phase") in FINISHED:
             reason = (status.get("lastFailure") or {}).get("summary")
-            fault.update(outcome=f"not recovered: the job ended {status['phase']} on attempt "
-                                 f"{status.get('attempt')} ({reason})")
+            fault.update(
+                outcome=f"not recovered: the job ended {status['phase']} on attempt "
+                f"{status.get('attempt')} ({reason})"
+            )
         else:
             continue
         pending.remove(fault)
 
 
-def summary(samples: list[list[float]], faults: list[dict[str, Any]],
-            slots: list[Slot], run_s: float) -> dict[str, Any]:
+def summary(
+    samples: list[list[float]], faults: list[dict[str, Any]], slots: list[Slot], run_s: float
+) -> dict[str, Any]:
     rss = [(t, r) for t, r, _ in samples]
     fds = [(t, f) for t, _, f in samples]
     times = [f["recovery_s"] for f in faults if f.get("outcome") == "recovered"]
@@ -201,15 +219,21 @@ def summary(samples: list[list[float]], faults: list[dict[str, Any]],
             "jobs": len(slot.lives),
             "succeeded": sum(life["phase"] == "Succeeded" for life in slot.lives),
             "committed_steps": steps,
-            "committed_steps_per_s": round(steps / run_s, 3) if run_s > 0 else None}
+            "committed_steps_per_s": round(steps / run_s, 3) if run_s > 0 else None,
+        }
     return {
         "rss_mib_per_hour": _round(slope_per_hour(rss)),
         "fds_per_hour": _round(slope_per_hour(fds)),
-        "rss_mib": _range([r for _, r in rss]), "fds": _range([f for _, f in fds]),
-        "faults_injected": len(faults), "faults_recovered": len(times),
-        "recovery_s": {"p50": _round(statistics.median(times)) if times else None,
-                       "max": max(times, default=None)},
-        "per_slot": per_slot}
+        "rss_mib": _range([r for _, r in rss]),
+        "fds": _range([f for _, f in fds]),
+        "faults_injected": len(faults),
+        "faults_recovered": len(times),
+        "recovery_s": {
+            "p50": _round(statistics.median(times)) if times else None,
+            "max": max(times, default=None),
+        },
+        "per_slot": per_slot,
+    }
 
 
 def _round(x: float | None) -> float | None:
@@ -217,9 +241,11 @@ def _round(x: float | None) -> float | None:
 
 
 def _range(values: list[float]) -> dict[str, float | None]:
-    return {"first": _round(values[0]) if values else None,
-            "last": _round(values[-1]) if values else None,
-            "max": _round(max(values, default=None))}
+    return {
+        "first": _round(values[0]) if values else None,
+        "last": _round(values[-1]) if values else None,
+        "max": _round(max(values, default=None)),
+    }
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -236,19 +262,28 @@ def plot(report: dict[str, Any], path: Path) -> None:
     rss_axis.plot(times, [s[1] for s in samples], color="tab:blue", label="RSS (MiB)")
     fds_axis.plot(times, [s[2] for s in samples], color="tab:orange", label="open fds")
     if times:
-        rss_axis.axvspan(times[0], times[0] + WARMUP * (times[-1] - times[0]), color="0.9",
-                         label="warm-up (left out of the slopes)")
+        rss_axis.axvspan(
+            times[0],
+            times[0] + WARMUP * (times[-1] - times[0]),
+            color="0.9",
+            label="warm-up (left out of the slopes)",
+        )
     for fault in report["faults"]:
-        rss_axis.axvline(fault["at_s"], alpha=0.5,
-                         color="0.4" if fault.get("outcome") == "recovered" else "tab:red",
-                         linestyle="-" if fault["kind"] == "kill" else "--")
+        rss_axis.axvline(
+            fault["at_s"],
+            alpha=0.5,
+            color="0.4" if fault.get("outcome") == "recovered" else "tab:red",
+            linestyle="-" if fault["kind"] == "kill" else "--",
+        )
     rss_axis.set(xlabel="seconds since the first jobs were created", ylabel="RSS (MiB)")
     fds_axis.set_ylabel("open file descriptors")
     s = report["summary"]
     rss_axis.set_title(
         f"operator over {report['minutes']:g} min, {report['jobs']} jobs; slopes after the "
         f"warm-up: RSS {s['rss_mib_per_hour']} MiB/h, fds {s['fds_per_hour']} /h\n"
-        f"faults: kill solid, node down dashed; red: not recovered", fontsize=10)
+        f"faults: kill solid, node down dashed; red: not recovered",
+        fontsize=10,
+    )
     lines = rss_axis.get_legend_handles_labels()
     more = fds_axis.get_legend_handles_labels()
     rss_axis.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="lower right")
@@ -289,18 +324,28 @@ def soak(cluster: Cluster, a: argparse.Namespace) -> dict[str, Any]:
             if status.get("phase") in FINISHED:
                 record_life(slot, status, now)
                 cluster.custom.delete_namespaced_custom_object(
-                    GROUP, VERSION, slot.namespace, PLURAL, slot.name)
+                    GROUP, VERSION, slot.namespace, PLURAL, slot.name
+                )
                 start_job(cluster, slot, now, a.job_steps)
         if k < count and now >= due:
             slot = slots[fault_slots[k]]
             attempt = statuses[slot.index].get("attempt") or 0
-            if schedule.inject(cluster, slot.namespace, "tpujob", k,
-                               repair_after=a.repair_after, log=faults):
-                faults[-1].update(at_s=round(now, 1), slot=slot.index, job=slot.name,
-                                  attempt=attempt, outcome="not recovered")
+            if schedule.inject(
+                cluster, slot.namespace, "tpujob", k, repair_after=a.repair_after, log=faults
+            ):
+                faults[-1].update(
+                    at_s=round(now, 1),
+                    slot=slot.index,
+                    job=slot.name,
+                    attempt=attempt,
+                    outcome="not recovered",
+                )
                 pending.append(faults[-1])
-                print(f"{now:6.0f}s fault {k}: {faults[-1]['kind']} {faults[-1]['pod']}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{now:6.0f}s fault {k}: {faults[-1]['kind']} {faults[-1]['pod']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 k, due = k + 1, due + a.fault_every
         time.sleep(1.0)
     run_s = time.monotonic() - start
@@ -313,24 +358,45 @@ def soak(cluster: Cluster, a: argparse.Namespace) -> dict[str, Any]:
         settle_faults(pending, {s.index: job_status(cluster, s) for s in slots}, now)
         time.sleep(1.0)
     schedule.cancel_repairs()
-    return {"operator_exited_at_s": operator_exit, "run_s": round(run_s, 1),
-            "summary": summary(samples, faults, slots, run_s), "samples": samples,
-            "faults": faults, "jobs_by_slot": {s.namespace: s.lives for s in slots}}
+    return {
+        "operator_exited_at_s": operator_exit,
+        "run_s": round(run_s, 1),
+        "summary": summary(samples, faults, slots, run_s),
+        "samples": samples,
+        "faults": faults,
+        "jobs_by_slot": {s.namespace: s.lives for s in slots},
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--jobs", type=int, default=4, help="job slots, each a job of 2 hosts")
-    p.add_argument("--job-steps", type=int, default=600,
-                   help="steps of each job (then it is deleted and created again)")
+    p.add_argument(
+        "--job-steps",
+        type=int,
+        default=600,
+        help="steps of each job (then it is deleted and created again)",
+    )
     p.add_argument("--fault-every", type=float, default=120.0)
-    p.add_argument("--repair-after", type=float, default=60.0,
-                   help="seconds a downed node stays down (then it comes back, as repaired)")
-    p.add_argument("--sample-every", type=float, default=10.0,
-                   help="seconds between readings of the operator's RSS and fds")
-    p.add_argument("--recover-within", type=float, default=120.0,
-                   help="seconds after the run that faults still pending may recover in")
+    p.add_argument(
+        "--repair-after",
+        type=float,
+        default=60.0,
+        help="seconds a downed node stays down (then it comes back, as repaired)",
+    )
+    p.add_argument(
+        "--sample-every",
+        type=float,
+        default=10.0,
+        help="seconds between readings of the operator's RSS and fds",
+    )
+    p.add_argument(
+        "--recover-within",
+        type=float,
+        default=120.0,
+        help="seconds after the run that faults still pending may recover in",
+    )
     p.add_argument("--seed", type=int, default=2026)
     a = parse_or_replot(p, "soak.json", plot)
     if a is None:
@@ -338,15 +404,22 @@ def main() -> int:
     pools = dataclasses.replace(POOLS, pools=a.jobs + 1)
     command = "python bench/bench_soak.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     report: dict[str, Any] = {
-        "command": command.strip(), "minutes": a.minutes, "jobs": a.jobs,
-        "job_steps": a.job_steps, "fault_every_s": a.fault_every,
-        "repair_after_s": a.repair_after, "sample_every_s": a.sample_every,
-        "recover_within_s": a.recover_within, "seed": a.seed, "warmup_fraction": WARMUP,
-        "pools": dataclasses.asdict(pools), "hosts_per_job": HOSTS,
+        "command": command.strip(),
+        "minutes": a.minutes,
+        "jobs": a.jobs,
+        "job_steps": a.job_steps,
+        "fault_every_s": a.fault_every,
+        "repair_after_s": a.repair_after,
+        "sample_every_s": a.sample_every,
+        "recover_within_s": a.recover_within,
+        "seed": a.seed,
+        "warmup_fraction": WARMUP,
+        "pools": dataclasses.asdict(pools),
+        "hosts_per_job": HOSTS,
         "trainer_args": trainer_args(a.job_steps),
-        "machine_cores": os.cpu_count()}
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="tpujob-soak-cluster-")), pools,
-                      jobset=False)
+        "machine_cores": os.cpu_count(),
+    }
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix="tpujob-soak-cluster-")), pools, jobset=False)
     try:
         report.update(soak(cluster, a))
     finally:

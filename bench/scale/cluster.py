@@ -27,8 +27,11 @@ COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-schedul
 # controller, so its process figures are all of KCM's.
 CONTROLLER = {"tpujob": "tpujob-operator", "jobset": "jobset", "job": "kube-controller-manager"}
 # Whose requests count as the arm's: JobSet's pods are created by the Job controller.
-REQUESTERS = {"tpujob": ("tpujob",), "jobset": ("jobset", "job-controller"),
-              "job": ("job-controller",)}
+REQUESTERS = {
+    "tpujob": ("tpujob",),
+    "jobset": ("jobset", "job-controller"),
+    "job": ("job-controller",),
+}
 
 
 @dataclass(frozen=True)
@@ -62,37 +65,46 @@ class ArmCluster:
     # --- lifecycle -------------------------------------------------------------------------
     def up(self, bin_dir: Path) -> None:
         controlplane.NODE_MONITOR_GRACE_SECONDS = self.settings.node_monitor_grace_seconds
-        state = controlplane.up(self.state_dir, controlplane.PoolOptions(pools=0, spare_nodes=1),
-                                out=sys.stderr)
+        state = controlplane.up(
+            self.state_dir, controlplane.PoolOptions(pools=0, spare_nodes=1), out=sys.stderr
+        )
         self.pids = {c.name: c.pid for c in state.components if c.name in COMPONENTS}
         cfg = client.Configuration()
         config.load_kube_config(str(self.kubeconfig), client_configuration=cfg)
         cfg.connection_pool_maxsize = 32
         self.api = client.ApiClient(cfg)
         logs = self.state_dir / "logs"
-        self.apply(identity.objects({"tpujob": identity.user_subject("tpujob"),
-                                     "jobset": identity.user_subject("jobset"),
-                                     "job-controller": identity.job_controller_subject()}))
-        self.procs["kwok"] = peers.kwok(bin_dir, self.kubeconfig, logs,
-                                        self.settings.kwok_lease_seconds)
+        self.apply(
+            identity.objects(
+                {
+                    "tpujob": identity.user_subject("tpujob"),
+                    "jobset": identity.user_subject("jobset"),
+                    "job-controller": identity.job_controller_subject(),
+                }
+            )
+        )
+        self.procs["kwok"] = peers.kwok(
+            bin_dir, self.kubeconfig, logs, self.settings.kwok_lease_seconds
+        )
         self.pids["kwok"] = self.procs["kwok"].pid
         self.add_nodes(nodes.pools(self.pools, self.settings.accelerator, self.settings.topology))
         self.wait_nodes_ready(self.pools * nodes.slice_shape(self.settings.topology)[0])
         core = client.CoreV1Api(self.api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
-        until(lambda: _exists(lambda: core.read_namespaced_service_account("default",
-                                                                          NAMESPACE)), 60)
+        until(
+            lambda: _exists(lambda: core.read_namespaced_service_account("default", NAMESPACE)), 60
+        )
         server = f"https://127.0.0.1:{state.apiserver_port}"
         if self.arm == "tpujob":
-            self.kubectl_run("apply", "--server-side", "-f",
-                             str(peers.ROOT / "crds"))
+            self.kubectl_run("apply", "--server-side", "-f", str(peers.ROOT / "crds"))
             self.wait_crd("tputrainingjobs.tpujob.dev")
             kc = identity.kubeconfig(self.state_dir, "tpujob", server)
             self.procs["tpujob-operator"] = peers.operator(kc, logs)
             time.sleep(3)
         elif self.arm == "jobset":
-            self.kubectl_run("apply", "--server-side", "--force-conflicts", "-f",
-                             str(peers.jobset_crd()))
+            self.kubectl_run(
+                "apply", "--server-side", "--force-conflicts", "-f", str(peers.jobset_crd())
+            )
             self.wait_crd("jobsets.jobset.x-k8s.io")
             kc = identity.kubeconfig(self.state_dir, "jobset", server)
             proc, hooks = peers.jobset(bin_dir, self.state_dir, kc, logs)
@@ -108,20 +120,31 @@ class ArmCluster:
 
     # --- helpers ---------------------------------------------------------------------------
     def kubectl_run(self, *args: str, stdin: str | None = None) -> str:
-        return subprocess.run([self.kubectl, "--kubeconfig", str(self.kubeconfig), *args],
-                              input=stdin, check=True, capture_output=True, text=True).stdout
+        return subprocess.run(
+            [self.kubectl, "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
-        self.kubectl_run("apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": objects}))
+        self.kubectl_run(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+        )
 
     def wait_crd(self, name: str) -> None:
         ext = client.ApiextensionsV1Api(self.api)
 
         def established() -> bool:
             crd = ext.read_custom_resource_definition(name)
-            return any(c.type == "Established" and c.status == "True"
-                       for c in (crd.status.conditions or []))
+            return any(
+                c.type == "Established" and c.status == "True"
+                for c in (crd.status.conditions or [])
+            )
 
         until(established, 60)
 
@@ -134,19 +157,25 @@ class ArmCluster:
         core = client.CoreV1Api(self.api)
 
         def ready() -> bool:
-            items = core.list_node(label_selector=f"{nodes.MANAGED}=fake",
-                                   _preload_content=False)
+            items = core.list_node(label_selector=f"{nodes.MANAGED}=fake", _preload_content=False)
             body = json.loads(items.data)
-            n = sum(1 for it in body["items"] for c in it["status"].get("conditions") or []
-                    if c["type"] == "Ready" and c["status"] == "True")
+            n = sum(
+                1
+                for it in body["items"]
+                for c in it["status"].get("conditions") or []
+                if c["type"] == "Ready" and c["status"] == "True"
+            )
             return n >= count
 
         until(ready, timeout, interval=3.0)
 
     def snapshot(self) -> Snapshot:
         text = self.kubectl_run("get", "--raw", "/metrics")
-        return Snapshot(time.monotonic(), {k: measure.proc(v) for k, v in self.pids.items()},
-                        measure.Requests.parse(text))
+        return Snapshot(
+            time.monotonic(),
+            {k: measure.proc(v) for k, v in self.pids.items()},
+            measure.Requests.parse(text),
+        )
 
 
 def cost(arm: str, before: Snapshot, after: Snapshot) -> dict[str, Any]:
@@ -156,14 +185,21 @@ def cost(arm: str, before: Snapshot, after: Snapshot) -> dict[str, Any]:
         start = before.procs.get(name)
         if end is None:
             continue
-        procs[name] = {"cpu_seconds": round(end.cpu_seconds - (start.cpu_seconds if start
-                                                               else 0.0), 2),
-                       "peak_rss_mib": end.peak_rss_mib, "rss_mib": end.rss_mib}
+        procs[name] = {
+            "cpu_seconds": round(end.cpu_seconds - (start.cpu_seconds if start else 0.0), 2),
+            "peak_rss_mib": end.peak_rss_mib,
+            "rss_mib": end.rss_mib,
+        }
     requests = after.requests.minus(before.requests)
     controller = procs.get(CONTROLLER[arm], {})
     arm_requests = sum(requests.get(r, {}).get("total", 0) for r in REQUESTERS[arm])
-    return {"seconds": round(after.at - before.at, 1), "processes": procs,
-            "requests": requests, "controller": CONTROLLER[arm],
-            "controller_cpu_seconds": controller.get("cpu_seconds"),
-            "controller_peak_rss_mib": controller.get("peak_rss_mib"),
-            "arm_requests": arm_requests, "arm_requesters": list(REQUESTERS[arm])}
+    return {
+        "seconds": round(after.at - before.at, 1),
+        "processes": procs,
+        "requests": requests,
+        "controller": CONTROLLER[arm],
+        "controller_cpu_seconds": controller.get("cpu_seconds"),
+        "controller_peak_rss_mib": controller.get("peak_rss_mib"),
+        "arm_requests": arm_requests,
+        "arm_requesters": list(REQUESTERS[arm]),
+    }

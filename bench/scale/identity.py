@@ -21,23 +21,52 @@ JOB_CONTROLLER = "job-controller"  # KCM's per-controller service account in kub
 
 def objects(subjects: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The binding of the bench group and the FlowSchemas for `subjects` (name -> subject)."""
-    out: list[dict[str, Any]] = [{
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "bench-controllers-admin"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "cluster-admin"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                      "name": "bench:controllers"}]}]
+    out: list[dict[str, Any]] = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "bench-controllers-admin"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Group",
+                    "name": "bench:controllers",
+                }
+            ],
+        }
+    ]
     for name, subject in subjects.items():
         for verb in VERBS:
-            out.append({
-                "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
-                "metadata": {"name": f"bench-{name}-{verb}"},
-                "spec": {"matchingPrecedence": 100,
-                         "priorityLevelConfiguration": {"name": "exempt"},
-                         "rules": [{"subjects": [subject], "resourceRules": [{
-                             "verbs": [verb], "apiGroups": ["*"], "resources": ["*"],
-                             "namespaces": ["*"], "clusterScope": True}]}]}})
+            out.append(
+                {
+                    "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                    "kind": "FlowSchema",
+                    "metadata": {"name": f"bench-{name}-{verb}"},
+                    "spec": {
+                        "matchingPrecedence": 100,
+                        "priorityLevelConfiguration": {"name": "exempt"},
+                        "rules": [
+                            {
+                                "subjects": [subject],
+                                "resourceRules": [
+                                    {
+                                        "verbs": [verb],
+                                        "apiGroups": ["*"],
+                                        "resources": ["*"],
+                                        "namespaces": ["*"],
+                                        "clusterScope": True,
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                }
+            )
     return out
 
 
@@ -46,8 +75,10 @@ def user_subject(name: str) -> dict[str, Any]:
 
 
 def job_controller_subject() -> dict[str, Any]:
-    return {"kind": "ServiceAccount",
-            "serviceAccount": {"name": JOB_CONTROLLER, "namespace": "kube-system"}}
+    return {
+        "kind": "ServiceAccount",
+        "serviceAccount": {"name": JOB_CONTROLLER, "namespace": "kube-system"},
+    }
 
 
 def kubeconfig(state_dir: Path, name: str, server: str) -> Path:
@@ -55,6 +86,11 @@ def kubeconfig(state_dir: Path, name: str, server: str) -> Path:
     ca = pki.CertificateAuthority(state_dir / "pki")
     ident = pki.Identity(f"bench-{name}", f"bench:{name}", ("bench:controllers",))
     cert, key = ca.issue_client(ident)
-    return pki.write_kubeconfig(state_dir / f"{name}.kubeconfig", server=server,
-                                ca_path=ca.cert_path, cert_path=cert, key_path=key,
-                                user=ident.user)
+    return pki.write_kubeconfig(
+        state_dir / f"{name}.kubeconfig",
+        server=server,
+        ca_path=ca.cert_path,
+        cert_path=cert,
+        key_path=key,
+        user=ident.user,
+    )

@@ -39,8 +39,7 @@ def proc(pid: int) -> Proc | None:
     def mib(key: str) -> float:
         return round(int(status.get(key, "0 kB").split()[0]) / 1024, 1)
 
-    return Proc(round((int(fields[11]) + int(fields[12])) / TICK, 2), mib("VmRSS"),
-                mib("VmHWM"))
+    return Proc(round((int(fields[11]) + int(fields[12])) / TICK, 2), mib("VmRSS"), mib("VmHWM"))
 
 
 def samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:

@@ -43,16 +43,24 @@ def pool_of(node_name: str) -> str:
 
 def node(name: str, pool: str, accelerator: str, topology: str, chips: int) -> dict[str, Any]:
     machine, cpu, memory = MACHINES.get(accelerator, ("ct-unknown-4t", "112", "192Gi"))
-    resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi",
-                 "google.com/tpu": str(chips)}
+    resources = {
+        "cpu": cpu,
+        "memory": memory,
+        "pods": "110",
+        "ephemeral-storage": "100Gi",
+        "google.com/tpu": str(chips),
+    }
     return {
-        "apiVersion": "v1", "kind": "Node",
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {
             "name": name,
             "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
             "labels": {
-                MANAGED: "fake", "type": "kwok",
-                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                MANAGED: "fake",
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": machine,
                 "cloud.google.com/gke-nodepool": pool,
@@ -66,12 +74,21 @@ def node(name: str, pool: str, accelerator: str, topology: str, chips: int) -> d
             "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
         },
         "status": {
-            "capacity": dict(resources), "allocatable": dict(resources),
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
             # Every field: kubectl's validation and the Python client's models require them.
-            "nodeInfo": {"kubeletVersion": "v1.36.3", "architecture": "amd64",
-                         "operatingSystem": "linux", "machineID": name, "systemUUID": name,
-                         "bootID": name, "kernelVersion": "kwok", "osImage": "kwok GKE TPU VM",
-                         "containerRuntimeVersion": "kwok://v0.8.0", "kubeProxyVersion": ""},
+            "nodeInfo": {
+                "kubeletVersion": "v1.36.3",
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "machineID": name,
+                "systemUUID": name,
+                "bootID": name,
+                "kernelVersion": "kwok",
+                "osImage": "kwok GKE TPU VM",
+                "containerRuntimeVersion": "kwok://v0.8.0",
+                "kubeProxyVersion": "",
+            },
         },
     }
 
@@ -79,5 +96,8 @@ def node(name: str, pool: str, accelerator: str, topology: str, chips: int) -> d
 def pools(count: int, accelerator: str, topology: str) -> list[dict[str, Any]]:
     """The Nodes of `count` pools, each one slice of `topology`."""
     hosts, chips = slice_shape(topology)
-    return [node(f"{pool_name(i)}-w{h}", pool_name(i), accelerator, topology, chips)
-            for i in range(count) for h in range(hosts)]
+    return [
+        node(f"{pool_name(i)}-w{h}", pool_name(i), accelerator, topology, chips)
+        for i in range(count)
+        for h in range(hosts)
+    ]

@@ -25,9 +25,11 @@ from tpujob.local import pki
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = Path(__file__).resolve().parent / "tpu-stages.yaml"
 BUILD = ROOT / "tools" / "build-bench-peers.sh"
-JOBSET_VERSION = next(line.split()[2] for line in
-                      (ROOT / "tools" / "jobset" / "go.mod").read_text().splitlines()
-                      if line.startswith("require sigs.k8s.io/jobset"))
+JOBSET_VERSION = next(
+    line.split()[2]
+    for line in (ROOT / "tools" / "jobset" / "go.mod").read_text().splitlines()
+    if line.startswith("require sigs.k8s.io/jobset")
+)
 OPERATOR_ARGS = ("--metrics-port", "0", "--liveness-port", "0")
 JOBSET_QPS = 500  # v0.10.1's defaults, written out so the result records them
 
@@ -47,14 +49,19 @@ def free_port() -> int:
 class Process:
     """A child in its own process group, its output in a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **(env or {})},
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -75,40 +82,73 @@ class Process:
 
 
 def kwok(bin_dir: Path, kubeconfig: Path, log_dir: Path, lease_seconds: int) -> Process:
-    return Process("kwok", [
-        str(bin_dir / "kwok"), "--kubeconfig", str(kubeconfig), "--config", str(STAGES),
-        "--node-lease-duration-seconds", str(lease_seconds),
-        "--server-address", f"127.0.0.1:{free_port()}"], log_dir)
+    return Process(
+        "kwok",
+        [
+            str(bin_dir / "kwok"),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--config",
+            str(STAGES),
+            "--node-lease-duration-seconds",
+            str(lease_seconds),
+            "--server-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        log_dir,
+    )
 
 
 def operator(kubeconfig: Path, log_dir: Path) -> Process:
-    return Process("tpujob-operator", [
-        sys.executable, "-m", "tpujob.cli", "operator", "--kubeconfig", str(kubeconfig),
-        *OPERATOR_ARGS], log_dir,
-        env={"PYTHONPATH": str(ROOT / "operator"), "PYTHONUNBUFFERED": "1"})
+    return Process(
+        "tpujob-operator",
+        [
+            sys.executable,
+            "-m",
+            "tpujob.cli",
+            "operator",
+            "--kubeconfig",
+            str(kubeconfig),
+            *OPERATOR_ARGS,
+        ],
+        log_dir,
+        env={"PYTHONPATH": str(ROOT / "operator"), "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def jobset_crd() -> Path:
-    mod = subprocess.run(["go", "env", "GOMODCACHE"], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    return (Path(mod) / f"sigs.k8s.io/jobset@{JOBSET_VERSION}" / "config/components/crd/bases"
-            / "jobset.x-k8s.io_jobsets.yaml")
+    mod = subprocess.run(
+        ["go", "env", "GOMODCACHE"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return (
+        Path(mod)
+        / f"sigs.k8s.io/jobset@{JOBSET_VERSION}"
+        / "config/components/crd/bases"
+        / "jobset.x-k8s.io_jobsets.yaml"
+    )
 
 
-def jobset(bin_dir: Path, state_dir: Path, kubeconfig: Path, log_dir: Path,
-           ) -> tuple[Process, list[dict[str, Any]]]:
+def jobset(
+    bin_dir: Path, state_dir: Path, kubeconfig: Path, log_dir: Path
+) -> tuple[Process, list[dict[str, Any]]]:
     """Start JobSet; returns it and the webhook registrations to apply once it is ready."""
     work = state_dir / "jobset"
     certs = work / "certs"
     certs.mkdir(parents=True, exist_ok=True)
     ca = pki.CertificateAuthority(state_dir / "pki")
-    crt, key = ca.issue("jobset-webhook", "jobset-webhook", dns_names=("localhost",),
-                        ips=("127.0.0.1",), server=True)
+    crt, key = ca.issue(
+        "jobset-webhook",
+        "jobset-webhook",
+        dns_names=("localhost",),
+        ips=("127.0.0.1",),
+        server=True,
+    )
     (certs / "tls.crt").write_bytes(crt.read_bytes())
     (certs / "tls.key").write_bytes(key.read_bytes())
     webhook, metrics, health = free_port(), free_port(), free_port()
     config = {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "webhook": {"host": "127.0.0.1", "port": webhook, "certDir": str(certs)},
@@ -117,8 +157,18 @@ def jobset(bin_dir: Path, state_dir: Path, kubeconfig: Path, log_dir: Path,
         "clientConnection": {"qps": JOBSET_QPS, "burst": JOBSET_QPS},
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = Process("jobset", [str(bin_dir / "jobset"), "--config", str(work / "config.yaml"),
-                              "--kubeconfig", str(kubeconfig), "--zap-log-level=info"], log_dir)
+    proc = Process(
+        "jobset",
+        [
+            str(bin_dir / "jobset"),
+            "--config",
+            str(work / "config.yaml"),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--zap-log-level=info",
+        ],
+        log_dir,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
@@ -138,16 +188,34 @@ def webhooks(url: str, ca_path: Path) -> list[dict[str, Any]]:
     import base64
 
     bundle = base64.b64encode(ca_path.read_bytes()).decode()
-    only_jobset_pods = {"matchExpressions": [
-        {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+    only_jobset_pods = {
+        "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
+    }
 
-    def hook(name: str, path: str, *, group: str, resource: str, ops: list[str],
-             selector: dict[str, Any] | None = None) -> dict[str, Any]:
+    def hook(
+        name: str,
+        path: str,
+        *,
+        group: str,
+        resource: str,
+        ops: list[str],
+        selector: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         h: dict[str, Any] = {
-            "name": name, "admissionReviewVersions": ["v1"], "failurePolicy": "Fail",
-            "sideEffects": "None", "clientConfig": {"url": f"{url}/{path}", "caBundle": bundle},
-            "rules": [{"apiGroups": [group], "apiVersions": ["v1alpha2" if group else "v1"],
-                       "operations": ops, "resources": [resource]}]}
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "clientConfig": {"url": f"{url}/{path}", "caBundle": bundle},
+            "rules": [
+                {
+                    "apiGroups": [group],
+                    "apiVersions": ["v1alpha2" if group else "v1"],
+                    "operations": ops,
+                    "resources": [resource],
+                }
+            ],
+        }
         if selector:
             h["objectSelector"] = selector
         return h
@@ -156,18 +224,32 @@ def webhooks(url: str, ca_path: Path) -> list[dict[str, Any]]:
     jobsets: dict[str, Any] = {"group": group, "resource": "jobsets"}
     pods: dict[str, Any] = {"group": "", "resource": "pods", "selector": only_jobset_pods}
     return [
-        {"apiVersion": "admissionregistration.k8s.io/v1",
-         "kind": "MutatingWebhookConfiguration",
-         "metadata": {"name": "jobset-mutating-webhook-configuration"},
-         "webhooks": [
-             hook("mjobset.kb.io", "mutate-jobset-x-k8s-io-v1alpha2-jobset", ops=["CREATE"],
-                  **jobsets),
-             hook("mpod.kb.io", "mutate--v1-pod", ops=["CREATE"], **pods)]},
-        {"apiVersion": "admissionregistration.k8s.io/v1",
-         "kind": "ValidatingWebhookConfiguration",
-         "metadata": {"name": "jobset-validating-webhook-configuration"},
-         "webhooks": [
-             hook("vjobset.kb.io", "validate-jobset-x-k8s-io-v1alpha2-jobset",
-                  ops=["CREATE", "UPDATE"], **jobsets),
-             hook("vpod.kb.io", "validate--v1-pod", ops=["CREATE"], **pods)]},
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "jobset-mutating-webhook-configuration"},
+            "webhooks": [
+                hook(
+                    "mjobset.kb.io",
+                    "mutate-jobset-x-k8s-io-v1alpha2-jobset",
+                    ops=["CREATE"],
+                    **jobsets,
+                ),
+                hook("mpod.kb.io", "mutate--v1-pod", ops=["CREATE"], **pods),
+            ],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "jobset-validating-webhook-configuration"},
+            "webhooks": [
+                hook(
+                    "vjobset.kb.io",
+                    "validate-jobset-x-k8s-io-v1alpha2-jobset",
+                    ops=["CREATE", "UPDATE"],
+                    **jobsets,
+                ),
+                hook("vpod.kb.io", "validate--v1-pod", ops=["CREATE"], **pods),
+            ],
+        },
     ]

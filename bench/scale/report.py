@@ -21,23 +21,51 @@ def _get(run: dict[str, Any], path: str) -> Any:
 
 
 FIGURES = {
-    "ladder": ["create_to_running_s.p50", "create_to_running_s.p99", "create_to_running_s.max",
-               "makespan_s", "pods_per_s", "workloads_running", "pods_running_at_end",
-               "pools_used", "pools_shared",
-               "cost.controller_cpu_seconds", "cost.controller_peak_rss_mib",
-               "cost.arm_requests", "cost.processes.kube-apiserver.cpu_seconds"],
-    "drain": ["create_to_running_s.p50", "create_to_running_s.p99", "makespan_s", "pods_per_s",
-              "workloads_done", "cost.controller_cpu_seconds", "cost.controller_peak_rss_mib",
-              "cost.arm_requests", "cost.processes.kube-apiserver.cpu_seconds"],
-    "recovery": ["workloads_running_before_faults", "pods_failed.faults",
-                 "pods_failed.workloads_affected", "pods_failed.fault_to_running_s.p50",
-                 "pods_failed.fault_to_running_s.p99",
-                 "pods_failed.fault_to_running_s.max", "pods_failed.not_recovered",
-                 "nodes_lost.faults", "nodes_lost.workloads_affected",
-                 "nodes_lost.fault_to_running_s.p50", "nodes_lost.fault_to_running_s.p99",
-                 "nodes_lost.fault_to_running_s.max", "nodes_lost.not_recovered",
-                 "pods_failed.cost.controller_cpu_seconds", "pods_failed.cost.arm_requests",
-                 "nodes_lost.cost.controller_cpu_seconds", "nodes_lost.cost.arm_requests"],
+    "ladder": [
+        "create_to_running_s.p50",
+        "create_to_running_s.p99",
+        "create_to_running_s.max",
+        "makespan_s",
+        "pods_per_s",
+        "workloads_running",
+        "pods_running_at_end",
+        "pools_used",
+        "pools_shared",
+        "cost.controller_cpu_seconds",
+        "cost.controller_peak_rss_mib",
+        "cost.arm_requests",
+        "cost.processes.kube-apiserver.cpu_seconds",
+    ],
+    "drain": [
+        "create_to_running_s.p50",
+        "create_to_running_s.p99",
+        "makespan_s",
+        "pods_per_s",
+        "workloads_done",
+        "cost.controller_cpu_seconds",
+        "cost.controller_peak_rss_mib",
+        "cost.arm_requests",
+        "cost.processes.kube-apiserver.cpu_seconds",
+    ],
+    "recovery": [
+        "workloads_running_before_faults",
+        "pods_failed.faults",
+        "pods_failed.workloads_affected",
+        "pods_failed.fault_to_running_s.p50",
+        "pods_failed.fault_to_running_s.p99",
+        "pods_failed.fault_to_running_s.max",
+        "pods_failed.not_recovered",
+        "nodes_lost.faults",
+        "nodes_lost.workloads_affected",
+        "nodes_lost.fault_to_running_s.p50",
+        "nodes_lost.fault_to_running_s.p99",
+        "nodes_lost.fault_to_running_s.max",
+        "nodes_lost.not_recovered",
+        "pods_failed.cost.controller_cpu_seconds",
+        "pods_failed.cost.arm_requests",
+        "nodes_lost.cost.controller_cpu_seconds",
+        "nodes_lost.cost.arm_requests",
+    ],
 }
 
 
@@ -47,10 +75,12 @@ def summarize(scenario: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     for size in sorted({r["size"] for r in runs}):
         by_arm: dict[str, Any] = {}
         for arm in sorted({r["arm"] for r in runs if r["size"] == size}):
-            mine = [r["result"] for r in runs if r["size"] == size and r["arm"] == arm
-                    and "result" in r]
-            errors = [r["error"] for r in runs if r["size"] == size and r["arm"] == arm
-                      and "error" in r]
+            mine = [
+                r["result"] for r in runs if r["size"] == size and r["arm"] == arm and "result" in r
+            ]
+            errors = [
+                r["error"] for r in runs if r["size"] == size and r["arm"] == arm and "error" in r
+            ]
             by_arm[arm] = {f: spread([_get(m, f) for m in mine]) for f in FIGURES[scenario]}
             by_arm[arm]["errors"] = errors
         base = by_arm.get(BASELINE)
@@ -61,13 +91,13 @@ def summarize(scenario: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
                 figs["ratio_to_jobset"] = {
                     f: round(figs[f]["median"] / base[f]["median"], 3)
                     for f in FIGURES[scenario]
-                    if figs[f]["median"] is not None and base[f]["median"]}
+                    if figs[f]["median"] is not None and base[f]["median"]
+                }
         out[str(size)] = by_arm
     return out
 
 
-def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any],
-         path: Path) -> None:
+def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,40 +110,75 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any],
             sizes = sorted(int(s) for s in summary if arm in summary[s])
             for q, style in (("p50", "-o"), ("p99", "--s")):
                 ys = [summary[str(s)][arm][f"create_to_running_s.{q}"]["median"] for s in sizes]
-                axes[0].plot(sizes, [y if y is not None else float("nan") for y in ys], style,
-                             color=COLORS.get(arm), label=f"{arm} {q}")
-            run_share = [(summary[str(s)][arm]["workloads_running"]["median"] or 0) / s
-                         for s in sizes]
-            axes[1].plot(sizes, [100 * x for x in run_share], "-o", color=COLORS.get(arm),
-                         label=arm)
-        axes[0].set(xlabel="pools = workloads created at once",
-                    ylabel="create -> all pods Running (s)",
-                    title="latency (median of runs; workloads that ran)")
-        axes[1].set(xlabel="pools = workloads", ylabel="% workloads all Running at the end",
-                    title="completion within the timeout", ylim=(0, 105))
+                axes[0].plot(
+                    sizes,
+                    [y if y is not None else float("nan") for y in ys],
+                    style,
+                    color=COLORS.get(arm),
+                    label=f"{arm} {q}",
+                )
+            run_share = [
+                (summary[str(s)][arm]["workloads_running"]["median"] or 0) / s for s in sizes
+            ]
+            axes[1].plot(
+                sizes, [100 * x for x in run_share], "-o", color=COLORS.get(arm), label=arm
+            )
+        axes[0].set(
+            xlabel="pools = workloads created at once",
+            ylabel="create -> all pods Running (s)",
+            title="latency (median of runs; workloads that ran)",
+        )
+        axes[1].set(
+            xlabel="pools = workloads",
+            ylabel="% workloads all Running at the end",
+            title="completion within the timeout",
+            ylim=(0, 105),
+        )
     elif scenario == "drain":
         for r in runs:
             if "result" not in r:
                 continue
             res = r["result"]
             # [seconds, workloads done so far]; older files kept every time (one per workload)
-            curve = res.get("done_over_time") or [[t, i + 1] for i, t in
-                                                  enumerate(res.get("done_times_s", []))]
-            axes[0].plot([c[0] for c in curve], [c[1] for c in curve],
-                         color=COLORS.get(r["arm"]), alpha=0.8,
-                         label=f"{r['arm']} run {r['run']}")
-        axes[0].set(xlabel="seconds since the creates", ylabel="workloads done",
-                    title="workloads done over time")
+            curve = res.get("done_over_time") or [
+                [t, i + 1] for i, t in enumerate(res.get("done_times_s", []))
+            ]
+            axes[0].plot(
+                [c[0] for c in curve],
+                [c[1] for c in curve],
+                color=COLORS.get(r["arm"]),
+                alpha=0.8,
+                label=f"{r['arm']} run {r['run']}",
+            )
+        axes[0].set(
+            xlabel="seconds since the creates",
+            ylabel="workloads done",
+            title="workloads done over time",
+        )
         _bars(axes[1], summary, arms, ["makespan_s"], "makespan (s)")
     else:
-        _bars(axes[0], summary, arms, ["pods_failed.fault_to_running_s.p50",
-                                       "pods_failed.fault_to_running_s.p99",
-                                       "pods_failed.fault_to_running_s.max"],
-              "5 % of pods failed: fault -> running again (s)")
-        _bars(axes[1], summary, arms, ["nodes_lost.fault_to_running_s.p50",
-                                       "nodes_lost.fault_to_running_s.p99",
-                                       "nodes_lost.fault_to_running_s.max"],
-              "2 % of nodes lost: fault -> running again (s)")
+        _bars(
+            axes[0],
+            summary,
+            arms,
+            [
+                "pods_failed.fault_to_running_s.p50",
+                "pods_failed.fault_to_running_s.p99",
+                "pods_failed.fault_to_running_s.max",
+            ],
+            "5 % of pods failed: fault -> running again (s)",
+        )
+        _bars(
+            axes[1],
+            summary,
+            arms,
+            [
+                "nodes_lost.fault_to_running_s.p50",
+                "nodes_lost.fault_to_running_s.p99",
+                "nodes_lost.fault_to_running_s.max",
+            ],
+            "2 % of nodes lost: fault -> running again (s)",
+        )
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -124,21 +189,21 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any],
     plt.close(fig)
 
 
-def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str],
-          title: str) -> None:
+def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str], title: str) -> None:
     size = max(summary, key=int)
     width = 0.8 / max(1, len(arms))
     for k, arm in enumerate(arms):
         cell = summary[size].get(arm, {})
         ys = [(cell.get(f) or {}).get("median") for f in figs]
         xs = [i + k * width for i in range(len(figs))]
-        ax.bar(xs, [y if y is not None else 0 for y in ys], width, color=COLORS.get(arm),
-               label=arm)
+        ax.bar(xs, [y if y is not None else 0 for y in ys], width, color=COLORS.get(arm), label=arm)
         for x, y in zip(xs, ys, strict=True):
             if y is None:
                 ax.text(x, 0, "none", ha="center", va="bottom", fontsize=7, rotation=90)
-    ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(figs))],
-                  [f.rsplit(".", 1)[-1] for f in figs])
+    ax.set_xticks(
+        [i + width * (len(arms) - 1) / 2 for i in range(len(figs))],
+        [f.rsplit(".", 1)[-1] for f in figs],
+    )
     ax.set(title=f"{title}, size {size}")
 
 
@@ -147,15 +212,19 @@ def markdown(scenario: str, summary: dict[str, Any]) -> str:
     lines: list[str] = []
     for size, by_arm in summary.items():
         arms = sorted(by_arm)
-        lines += [f"\n{scenario}, size {size}\n", "| figure | " + " | ".join(arms) + " |",
-                  "|---" * (len(arms) + 1) + "|"]
+        lines += [
+            f"\n{scenario}, size {size}\n",
+            "| figure | " + " | ".join(arms) + " |",
+            "|---" * (len(arms) + 1) + "|",
+        ]
         for fig in FIGURES[scenario]:
             cells = []
             for arm in arms:
                 s = by_arm[arm][fig]
                 if s["median"] is None:
-                    cells.append("none" + (f" ({s['runs_without']}/{s['runs']} runs)"
-                                           if s["runs"] else ""))
+                    cells.append(
+                        "none" + (f" ({s['runs_without']}/{s['runs']} runs)" if s["runs"] else "")
+                    )
                 elif s["runs"] > 1:
                     cells.append(f"{s['median']:g} [{s['min']:g}, {s['max']:g}]")
                 else:

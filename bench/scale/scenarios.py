@@ -39,11 +39,13 @@ def create_all(cluster: ArmCluster, shape: workloads.Shape, count: int) -> dict[
         body = workloads.manifest(cluster.arm, shape, i, NAMESPACE)
         created[body["metadata"]["name"]] = time.monotonic()
         if cluster.arm == "tpujob":
-            custom.create_namespaced_custom_object("tpujob.dev", "v1alpha1", NAMESPACE,
-                                                   "tputrainingjobs", body)
+            custom.create_namespaced_custom_object(
+                "tpujob.dev", "v1alpha1", NAMESPACE, "tputrainingjobs", body
+            )
         elif cluster.arm == "jobset":
-            custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
-                                                   "jobsets", body)
+            custom.create_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", body
+            )
         else:
             batch.create_namespaced_job(NAMESPACE, body)
 
@@ -59,8 +61,9 @@ def start_tracker(cluster: ArmCluster, shape: workloads.Shape) -> Tracker:
     return tracker
 
 
-def launch(cluster: ArmCluster, shape: workloads.Shape, count: int,
-           ) -> tuple[Tracker, dict[str, float], float, Snapshot]:
+def launch(
+    cluster: ArmCluster, shape: workloads.Shape, count: int
+) -> tuple[Tracker, dict[str, float], float, Snapshot]:
     """Watch, take the cost snapshot, create the workloads at once."""
     tracker = start_tracker(cluster, shape)
     before = cluster.snapshot()
@@ -68,8 +71,9 @@ def launch(cluster: ArmCluster, shape: workloads.Shape, count: int,
     return tracker, create_all(cluster, shape, count), t0, before
 
 
-def wait(done: Any, timeout: float, series: list[tuple[float, int]], t0: float,
-         tracker: Tracker) -> bool:
+def wait(
+    done: Any, timeout: float, series: list[tuple[float, int]], t0: float, tracker: Tracker
+) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         series.append((round(time.monotonic() - t0, 2), tracker.running_count()))
@@ -85,12 +89,15 @@ def placement(tracker: Tracker) -> dict[str, int]:
     for p in tracker.snapshot_pods().values():
         if p.phase == "Running" and p.node.startswith(nodes.POOL_PREFIX):
             by_pool.setdefault(nodes.pool_of(p.node), set()).add(p.workload)
-    return {"pools_used": len(by_pool),
-            "pools_shared": sum(1 for w in by_pool.values() if len(w) > 1)}
+    return {
+        "pools_used": len(by_pool),
+        "pools_shared": sum(1 for w in by_pool.values() if len(w) > 1),
+    }
 
 
-def ladder(cluster: ArmCluster, shape: workloads.Shape, count: int,
-           timeout: float) -> dict[str, Any]:
+def ladder(
+    cluster: ArmCluster, shape: workloads.Shape, count: int, timeout: float
+) -> dict[str, Any]:
     tracker, created, t0, before = launch(cluster, shape, count)
     series: list[tuple[float, int]] = []
     ok = wait(lambda: len(tracker.running_at) >= count, timeout, series, t0, tracker)
@@ -100,17 +107,25 @@ def ladder(cluster: ArmCluster, shape: workloads.Shape, count: int,
     last = max(tracker.running_at.values(), default=None)
     pods = count * shape.pods
     makespan = round(last - t0, 2) if ok and last else None
-    return {"workloads": count, "pods": pods, "all_running": ok, "timeout_s": timeout,
-            "workloads_running": len(tracker.running_at),
-            "pods_running_at_end": tracker.running_count(),
-            "create_to_running_s": dist(latencies), "makespan_s": makespan,
-            "pods_per_s": round(pods / makespan, 2) if makespan else None,
-            **placement(tracker), "cost": cost(cluster.arm, before, after),
-            "running_pods_over_time": series[:: max(1, len(series) // 200)]}
+    return {
+        "workloads": count,
+        "pods": pods,
+        "all_running": ok,
+        "timeout_s": timeout,
+        "workloads_running": len(tracker.running_at),
+        "pods_running_at_end": tracker.running_count(),
+        "create_to_running_s": dist(latencies),
+        "makespan_s": makespan,
+        "pods_per_s": round(pods / makespan, 2) if makespan else None,
+        **placement(tracker),
+        "cost": cost(cluster.arm, before, after),
+        "running_pods_over_time": series[:: max(1, len(series) // 200)],
+    }
 
 
-def drain(cluster: ArmCluster, shape: workloads.Shape, count: int,
-          timeout: float) -> dict[str, Any]:
+def drain(
+    cluster: ArmCluster, shape: workloads.Shape, count: int, timeout: float
+) -> dict[str, Any]:
     tracker, created, t0, before = launch(cluster, shape, count)
     series: list[tuple[float, int]] = []
     ok = wait(lambda: len(tracker.done_at) >= count, timeout, series, t0, tracker)
@@ -121,28 +136,48 @@ def drain(cluster: ArmCluster, shape: workloads.Shape, count: int,
     makespan = round(last - t0, 2) if ok and last else None
     pods = count * shape.pods
     done_curve = sorted(round(t - t0, 2) for t in tracker.done_at.values())
-    return {"workloads": count, "pools": shape.pools, "run_for": shape.run_for,
-            "pods": pods, "all_done": ok, "timeout_s": timeout,
-            "workloads_done": len(tracker.done_at), "create_to_running_s": dist(waits),
-            "makespan_s": makespan, "pods_per_s": round(pods / makespan, 2) if makespan else None,
-            "cost": cost(cluster.arm, before, after),
-            "done_over_time": [[t, k + 1] for k, t in enumerate(done_curve)][
-                :: max(1, len(done_curve) // 250)]}
+    return {
+        "workloads": count,
+        "pools": shape.pools,
+        "run_for": shape.run_for,
+        "pods": pods,
+        "all_done": ok,
+        "timeout_s": timeout,
+        "workloads_done": len(tracker.done_at),
+        "create_to_running_s": dist(waits),
+        "makespan_s": makespan,
+        "pods_per_s": round(pods / makespan, 2) if makespan else None,
+        "cost": cost(cluster.arm, before, after),
+        "done_over_time": [[t, k + 1] for k, t in enumerate(done_curve)][
+            :: max(1, len(done_curve) // 250)
+        ],
+    }
 
 
-def recovery(cluster: ArmCluster, shape: workloads.Shape, count: int, *, timeout: float,
-             seed: int, pod_fraction: float = 0.05, node_fraction: float = 0.02,
-             ) -> dict[str, Any]:
+def recovery(
+    cluster: ArmCluster,
+    shape: workloads.Shape,
+    count: int,
+    *,
+    timeout: float,
+    seed: int,
+    pod_fraction: float = 0.05,
+    node_fraction: float = 0.02,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     tracker, created, t0, _ = launch(cluster, shape, count)
     series: list[tuple[float, int]] = []
     ok = wait(lambda: len(tracker.running_at) >= count, timeout, series, t0, tracker)
-    out: dict[str, Any] = {"workloads": count, "pools": shape.pools, "seed": seed,
-                           "all_running_before_faults": ok,
-                           "workloads_running_before_faults": len(tracker.running_at),
-                           "create_to_running_s": dist([tracker.running_at[w] - t for w, t in
-                                                        created.items()
-                                                        if w in tracker.running_at])}
+    out: dict[str, Any] = {
+        "workloads": count,
+        "pools": shape.pools,
+        "seed": seed,
+        "all_running_before_faults": ok,
+        "workloads_running_before_faults": len(tracker.running_at),
+        "create_to_running_s": dist(
+            [tracker.running_at[w] - t for w, t in created.items() if w in tracker.running_at]
+        ),
+    }
     core = client.CoreV1Api(cluster.api)
     # Fault P: 5 % of the pods, at most one per workload, exit 137.
     running = sorted(tracker.running_at)
@@ -156,18 +191,33 @@ def recovery(cluster: ArmCluster, shape: workloads.Shape, count: int, *, timeout
     before = cluster.snapshot()
     t_fault = time.monotonic()
     tracker.restart_clock(set(victims.values()), set(victims))
-    patch = {"metadata": {"labels": {FAIL_LABEL: "true"},
-                          "annotations": {f"{FAIL_LABEL}/exit-code": "137"}}}
+    patch = {
+        "metadata": {
+            "labels": {FAIL_LABEL: "true"},
+            "annotations": {f"{FAIL_LABEL}/exit-code": "137"},
+        }
+    }
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: core.patch_namespaced_pod(n, NAMESPACE, patch), victims))
-    out["pods_failed"] = phase_result(cluster, tracker, set(victims.values()),
-                                      t_fault=t_fault, timeout=timeout, before=before,
-                                      faults=len(victims))
+    out["pods_failed"] = phase_result(
+        cluster,
+        tracker,
+        set(victims.values()),
+        t_fault=t_fault,
+        timeout=timeout,
+        before=before,
+        faults=len(victims),
+    )
     # Fault N: 2 % of the nodes (of pools holding a running workload), lost at once.
     n_nodes = max(1, round(node_fraction * shape.pools * shape.pods))
     pods = tracker.snapshot_pods()
-    busy = sorted({p.node for p in pods.values() if p.phase == "Running" and not p.deleting
-                   and p.node.startswith(nodes.POOL_PREFIX)})
+    busy = sorted(
+        {
+            p.node
+            for p in pods.values()
+            if p.phase == "Running" and not p.deleting and p.node.startswith(nodes.POOL_PREFIX)
+        }
+    )
     lost = rng.sample(busy, min(n_nodes, len(busy)))
     hit = {n: p.workload for n, p in pods.items() if p.node in lost}
     before = cluster.snapshot()
@@ -177,24 +227,44 @@ def recovery(cluster: ArmCluster, shape: workloads.Shape, count: int, *, timeout
         core.patch_node(name, {"metadata": {"labels": {nodes.MANAGED: "lost"}}})
     repair = threading.Thread(target=repair_nodes, args=(cluster, lost, t_fault), daemon=True)
     repair.start()
-    out["nodes_lost"] = phase_result(cluster, tracker, set(hit.values()),
-                                     t_fault=t_fault, timeout=timeout, before=before,
-                                     faults=len(lost))
+    out["nodes_lost"] = phase_result(
+        cluster,
+        tracker,
+        set(hit.values()),
+        t_fault=t_fault,
+        timeout=timeout,
+        before=before,
+        faults=len(lost),
+    )
     repair.join()
     tracker.stop()
     return out
 
 
-def phase_result(cluster: ArmCluster, tracker: Tracker, affected: set[str], *,
-                 t_fault: float, timeout: float, before: Any, faults: int) -> dict[str, Any]:
+def phase_result(
+    cluster: ArmCluster,
+    tracker: Tracker,
+    affected: set[str],
+    *,
+    t_fault: float,
+    timeout: float,
+    before: Any,
+    faults: int,
+) -> dict[str, Any]:
     series: list[tuple[float, int]] = []
     ok = wait(lambda: affected <= set(tracker.running_at), timeout, series, t_fault, tracker)
     after = cluster.snapshot()
     back = [tracker.running_at[w] - t_fault for w in affected if w in tracker.running_at]
-    return {"faults": faults, "workloads_affected": len(affected), "all_recovered": ok,
-            "recovered": len(back), "not_recovered": len(affected) - len(back),
-            "timeout_s": timeout, "fault_to_running_s": dist(back),
-            "cost": cost(cluster.arm, before, after)}
+    return {
+        "faults": faults,
+        "workloads_affected": len(affected),
+        "all_recovered": ok,
+        "recovered": len(back),
+        "not_recovered": len(affected) - len(back),
+        "timeout_s": timeout,
+        "fault_to_running_s": dist(back),
+        "cost": cost(cluster.arm, before, after),
+    }
 
 
 def repair_nodes(cluster: ArmCluster, lost: list[str], t_fault: float) -> None:
@@ -209,8 +279,15 @@ def repair_nodes(cluster: ArmCluster, lost: list[str], t_fault: float) -> None:
     _, chips = nodes.slice_shape(cluster.settings.topology)
     for name in lost:
         with contextlib.suppress(client.exceptions.ApiException):
-            core.create_node(nodes.node(name, nodes.pool_of(name), cluster.settings.accelerator,
-                                        cluster.settings.topology, chips))
+            core.create_node(
+                nodes.node(
+                    name,
+                    nodes.pool_of(name),
+                    cluster.settings.accelerator,
+                    cluster.settings.topology,
+                    chips,
+                )
+            )
     # A repaired VM's kubelet finishes the pods still bound to it that were being deleted; kwok
     # does that only when such a pod changes, so touch them (before PodGC's ~40 s they are not
     # orphans yet, and would hold the node's chips for ever).
@@ -220,5 +297,8 @@ def repair_nodes(cluster: ArmCluster, lost: list[str], t_fault: float) -> None:
         meta = pod["metadata"]
         if pod["spec"].get("nodeName") in lost and meta.get("deletionTimestamp"):
             with contextlib.suppress(client.exceptions.ApiException):
-                core.patch_namespaced_pod(meta["name"], NAMESPACE, {"metadata": {"labels": {
-                    "bench.tpujob.dev/kubelet-resync": "true"}}})
+                core.patch_namespaced_pod(
+                    meta["name"],
+                    NAMESPACE,
+                    {"metadata": {"labels": {"bench.tpujob.dev/kubelet-resync": "true"}}},
+                )

@@ -17,13 +17,21 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def dist(values: list[float]) -> dict[str, Any]:
-    return {"n": len(values), "p50": pct(values, 50), "p99": pct(values, 99),
-            "max": round(max(values), 3) if values else None}
+    return {
+        "n": len(values),
+        "p50": pct(values, 50),
+        "p99": pct(values, 99),
+        "max": round(max(values), 3) if values else None,
+    }
 
 
 def spread(values: list[float | None]) -> dict[str, Any]:
     """Median and min/max over runs; runs without the figure are counted, not hidden."""
     got = [v for v in values if v is not None]
-    return {"median": round(statistics.median(got), 3) if got else None,
-            "min": min(got) if got else None, "max": max(got) if got else None,
-            "runs": len(values), "runs_without": len(values) - len(got)}
+    return {
+        "median": round(statistics.median(got), 3) if got else None,
+        "min": min(got) if got else None,
+        "max": max(got) if got else None,
+        "runs": len(values),
+        "runs_without": len(values) - len(got),
+    }

@@ -51,8 +51,12 @@ class Tracker:
         core = client.CoreV1Api(self.api)
         while not self._stop:
             try:
-                stream = watch.Watch().stream(core.list_namespaced_pod, self.namespace,
-                                              deserialize=False, timeout_seconds=3600)
+                stream = watch.Watch().stream(
+                    core.list_namespaced_pod,
+                    self.namespace,
+                    deserialize=False,
+                    timeout_seconds=3600,
+                )
                 for event in stream:
                     if self._stop:
                         return
@@ -72,15 +76,20 @@ class Tracker:
             if kind == "DELETED":
                 self.pods.pop(name, None)
             else:
-                self.pods[name] = PodState(workload, phase,
-                                           bool(meta.get("deletionTimestamp")),
-                                           (pod.get("spec") or {}).get("nodeName") or "")
+                self.pods[name] = PodState(
+                    workload,
+                    phase,
+                    bool(meta.get("deletionTimestamp")),
+                    (pod.get("spec") or {}).get("nodeName") or "",
+                )
             if phase == "Running":
                 self.pod_running_at.setdefault(name, now)
             if phase == "Succeeded":
                 self.succeeded[workload].add(name)
-                if (len(self.succeeded[workload]) >= self.pods_per_workload
-                        and workload not in self.done_at):
+                if (
+                    len(self.succeeded[workload]) >= self.pods_per_workload
+                    and workload not in self.done_at
+                ):
                     self.done_at[workload] = now
             self._check(workload, now)
 
@@ -91,8 +100,14 @@ class Tracker:
             self.running_at[workload] = now
 
     def live_running(self, workload: str) -> list[str]:
-        return [n for n, p in self.pods.items() if p.workload == workload
-                and p.phase == "Running" and not p.deleting and n not in self.excluded]
+        return [
+            n
+            for n, p in self.pods.items()
+            if p.workload == workload
+            and p.phase == "Running"
+            and not p.deleting
+            and n not in self.excluded
+        ]
 
     def restart_clock(self, workloads: set[str], excluded: set[str]) -> None:
         """A fault hit `excluded` pods: these workloads are running again only with others."""

@@ -63,51 +63,97 @@ def _pod_template(shape: Shape, pool: str | None) -> dict[str, Any]:
     selector = {ACCEL: shape.accelerator, TOPO: shape.topology}
     if pool:
         selector[POOL] = pool
-    return {"spec": {
-        "restartPolicy": "Never", "nodeSelector": selector, "terminationGracePeriodSeconds": 30,
-        "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [{"name": "trainer", "image": "kwok.local/fake-trainer:0",
-                        "command": ["sleep", "infinity"], "env": _env(shape),
-                        "resources": {"limits": {"google.com/tpu": str(chips)}}}],
-    }}
+    return {
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": selector,
+            "terminationGracePeriodSeconds": 30,
+            "tolerations": [
+                {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "kwok.local/fake-trainer:0",
+                    "command": ["sleep", "infinity"],
+                    "env": _env(shape),
+                    "resources": {"limits": {"google.com/tpu": str(chips)}},
+                }
+            ],
+        }
+    }
 
 
 def tpujob(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "tpujob.dev/v1alpha1", "kind": "TPUTrainingJob",
-            "metadata": {"name": name("tpujob", i), "namespace": namespace},
-            "spec": {
-                "tpu": {"accelerator": shape.accelerator, "topology": shape.topology,
-                        "slices": 1},
-                "trainer": {"image": "kwok.local/fake-trainer:0",
-                            "command": ["sleep", "infinity"], "env": _env(shape)},
-                "recovery": {"maxSoftRestarts": MAX_RESTARTS,
-                             "maxMediumRestarts": MAX_RESTARTS,
-                             "maxHardRestarts": MAX_RESTARTS, "maxFailedNodes": 2,
-                             "stallTimeoutSeconds": 3600,
-                             "backoff": {"initialSeconds": 1, "maxSeconds": 4}}}}
+    return {
+        "apiVersion": "tpujob.dev/v1alpha1",
+        "kind": "TPUTrainingJob",
+        "metadata": {"name": name("tpujob", i), "namespace": namespace},
+        "spec": {
+            "tpu": {"accelerator": shape.accelerator, "topology": shape.topology, "slices": 1},
+            "trainer": {
+                "image": "kwok.local/fake-trainer:0",
+                "command": ["sleep", "infinity"],
+                "env": _env(shape),
+            },
+            "recovery": {
+                "maxSoftRestarts": MAX_RESTARTS,
+                "maxMediumRestarts": MAX_RESTARTS,
+                "maxHardRestarts": MAX_RESTARTS,
+                "maxFailedNodes": 2,
+                "stallTimeoutSeconds": 3600,
+                "backoff": {"initialSeconds": 1, "maxSeconds": 4},
+            },
+        },
+    }
 
 
 def jobset(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
     hosts = shape.pods
     return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name("jobset", i), "namespace": namespace,
-                     "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": POOL}},
-        "spec": {"failurePolicy": {"maxRestarts": MAX_RESTARTS},
-                 "replicatedJobs": [{"name": "slice", "replicas": 1, "template": {"spec": {
-                     "parallelism": hosts, "completions": hosts, "backoffLimit": 0,
-                     "completionMode": "Indexed",
-                     "template": _pod_template(shape, None)}}}]},
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name("jobset", i),
+            "namespace": namespace,
+            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": POOL},
+        },
+        "spec": {
+            "failurePolicy": {"maxRestarts": MAX_RESTARTS},
+            "replicatedJobs": [
+                {
+                    "name": "slice",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "parallelism": hosts,
+                            "completions": hosts,
+                            "backoffLimit": 0,
+                            "completionMode": "Indexed",
+                            "template": _pod_template(shape, None),
+                        }
+                    },
+                }
+            ],
+        },
     }
 
 
 def job(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
     hosts = shape.pods
     pool = pool_name(i % shape.pools) if shape.pools else None
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name("job", i), "namespace": namespace},
-            "spec": {"parallelism": hosts, "completions": hosts, "completionMode": "Indexed",
-                     "backoffLimit": MAX_RESTARTS, "template": _pod_template(shape, pool)}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name("job", i), "namespace": namespace},
+        "spec": {
+            "parallelism": hosts,
+            "completions": hosts,
+            "completionMode": "Indexed",
+            "backoffLimit": MAX_RESTARTS,
+            "template": _pod_template(shape, pool),
+        },
+    }
 
 
 def manifest(arm: str, shape: Shape, i: int, namespace: str) -> dict[str, Any]:

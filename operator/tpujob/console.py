@@ -39,8 +39,11 @@ def register(subparsers: Any) -> None:
     describe.add_argument("-n", "--namespace", default="default")
     describe.add_argument("--kubeconfig", default=None)
     describe.add_argument("--json", action="store_true")
-    describe.add_argument("--project", default=None,
-                          help="warn when no zone of the Cloud TPU catalogue offers the shape")
+    describe.add_argument(
+        "--project",
+        default=None,
+        help="warn when no zone of the Cloud TPU catalogue offers the shape",
+    )
     describe.add_argument("--zones", default="", help="comma-separated zones to check")
     describe.set_defaults(handler=_describe)
 
@@ -66,11 +69,14 @@ def _age(since: datetime | None, now: datetime) -> str:
 def job_row(job: TPUTrainingJob) -> dict[str, Any]:
     st = job.status
     return {
-        "namespace": job.namespace, "name": job.name, "phase": str(st.phase or "Pending"),
+        "namespace": job.namespace,
+        "name": job.name,
+        "phase": str(st.phase or "Pending"),
         "step": st.progress.step if st.progress else None,
         "totalSteps": st.progress.total_steps if st.progress else None,
         "restarts": st.restarts.model_dump(by_alias=True),
-        "goodput": st.goodput, "attempt": st.attempt,
+        "goodput": st.goodput,
+        "attempt": st.attempt,
         "failedNodes": [n.name for n in st.failed_nodes],
     }
 
@@ -93,8 +99,14 @@ def _get(args: argparse.Namespace) -> int:
         r = row["restarts"]
         step = f"{row['step']}/{row['totalSteps'] or '?'}" if row["step"] is not None else "-"
         goodput = f"{row['goodput']:.0%}" if row["goodput"] is not None else "-"
-        table.add_row(row["namespace"], row["name"], row["phase"], step,
-                      f"{r['soft']}/{r['medium']}/{r['hard']}", goodput)
+        table.add_row(
+            row["namespace"],
+            row["name"],
+            row["phase"],
+            step,
+            f"{r['soft']}/{r['medium']}/{r['hard']}",
+            goodput,
+        )
     Console().print(table)
     return 0
 
@@ -119,44 +131,67 @@ def catalogue_warnings(job: TPUTrainingJob, catalogue: Catalogue | None) -> list
 
 def goodput_parts(parts: GoodputBreakdown) -> list[tuple[str, float]]:
     """The breakdown's categories in a fixed order, with their names as users read them."""
-    return [("productive", parts.productive), ("start-up", parts.startup),
-            ("restore", parts.restore), ("re-done", parts.redone),
-            ("data wait", parts.data_wait), ("downtime", parts.downtime),
-            ("other", parts.other)]
+    return [
+        ("productive", parts.productive),
+        ("start-up", parts.startup),
+        ("restore", parts.restore),
+        ("re-done", parts.redone),
+        ("data wait", parts.data_wait),
+        ("downtime", parts.downtime),
+        ("other", parts.other),
+    ]
 
 
-def describe_lines(job: TPUTrainingJob, now: datetime,
-                   catalogue: Catalogue | None = None) -> list[str]:
+def describe_lines(
+    job: TPUTrainingJob, now: datetime, catalogue: Catalogue | None = None
+) -> list[str]:
     """The describe view as plain lines (rich markup allowed)."""
     st, spec = job.status, job.spec
-    lines = [f"[bold]{job.namespace}/{job.name}[/bold]  phase [bold]{st.phase or 'Pending'}"
-             f"[/bold]  attempt {st.attempt}  age {_age(st.start_time, now)}",
-             f"  TPU        {spec.tpu.accelerator} {spec.tpu.topology} x{spec.tpu.slices} "
-             f"({spec.tpu.total_hosts} hosts)"]
+    lines = [
+        f"[bold]{job.namespace}/{job.name}[/bold]  phase [bold]{st.phase or 'Pending'}"
+        f"[/bold]  attempt {st.attempt}  age {_age(st.start_time, now)}",
+        f"  TPU        {spec.tpu.accelerator} {spec.tpu.topology} x{spec.tpu.slices} "
+        f"({spec.tpu.total_hosts} hosts)",
+    ]
     if st.progress and st.progress.step is not None:
         total = st.progress.total_steps
         pct = f" ({st.progress.step / total:.0%})" if total else ""
         loss = f", loss {st.progress.loss:.4g}" if st.progress.loss is not None else ""
-        lines.append(f"  progress   step {st.progress.step}/{total or '?'}{pct}, "
-                     f"{st.progress.steps_per_second or 0:.2f} steps/s{loss}")
+        lines.append(
+            f"  progress   step {st.progress.step}/{total or '?'}{pct}, "
+            f"{st.progress.steps_per_second or 0:.2f} steps/s{loss}"
+        )
     checkpoint = st.checkpoint_step if st.checkpoint_step is not None else "-"
     lines.append(f"  checkpoint step {checkpoint}")
     if st.goodput is not None:
         lines.append(f"  goodput    {st.goodput:.1%}")
     if (parts := st.goodput_breakdown) is not None and parts.wall_seconds > 0:
-        lines.append("  wall time  " + ", ".join(
-            f"{name} {seconds:.0f}s ({seconds / parts.wall_seconds:.0%})"
-            for name, seconds in goodput_parts(parts) if seconds > 0))
+        lines.append(
+            "  wall time  "
+            + ", ".join(
+                f"{name} {seconds:.0f}s ({seconds / parts.wall_seconds:.0%})"
+                for name, seconds in goodput_parts(parts)
+                if seconds > 0
+            )
+        )
     r = st.restarts
     rec = spec.recovery
-    lines.append(f"  restarts   soft {r.soft}/{rec.max_soft_restarts}  medium "
-                 f"{r.medium}/{rec.max_medium_restarts}  hard {r.hard}/{rec.max_hard_restarts}")
-    failed = ", ".join(n.name + (" (avoided by this job only)" if n.job_only else "")
-                       for n in st.failed_nodes) or "none"
+    lines.append(
+        f"  restarts   soft {r.soft}/{rec.max_soft_restarts}  medium "
+        f"{r.medium}/{rec.max_medium_restarts}  hard {r.hard}/{rec.max_hard_restarts}"
+    )
+    failed = (
+        ", ".join(
+            n.name + (" (avoided by this job only)" if n.job_only else "") for n in st.failed_nodes
+        )
+        or "none"
+    )
     lines.append(f"  bad nodes  {failed} (budget left {st.failed_node_budget_left})")
     if st.current_attempt.placement:
-        lines.append("  placement  " + ", ".join(
-            f"slice {p.slice} on {p.node_pool}" for p in st.current_attempt.placement))
+        lines.append(
+            "  placement  "
+            + ", ".join(f"slice {p.slice} on {p.node_pool}" for p in st.current_attempt.placement)
+        )
     lf = st.last_failure
     if lf is not None:
         tag = escape(f"[{str(lf.failure_class or '').upper()}]")
@@ -169,8 +204,10 @@ def describe_lines(job: TPUTrainingJob, now: datetime,
             lines.append(f"    action: {escape(lf.action)}")
     if st.timeline:
         lines.append("[bold]timeline[/bold]")
-        lines += [f"  {e.time.strftime('%H:%M:%S')} {e.kind:<13} {escape(e.message)}"
-                  for e in st.timeline[-20:]]
+        lines += [
+            f"  {e.time.strftime('%H:%M:%S')} {e.kind:<13} {escape(e.message)}"
+            for e in st.timeline[-20:]
+        ]
     for cond in st.conditions:
         if cond.type == "Failed" and cond.status == "True":
             lines.append(f"[red]failed: {escape(cond.message or '')}[/red]")
@@ -182,7 +219,8 @@ def _describe(args: argparse.Namespace) -> int:
 
     try:
         body = _custom(args.kubeconfig).get_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, args.job)
+            GROUP, VERSION, args.namespace, PLURAL, args.job
+        )
     except ApiException as err:
         print(f"tpujob describe: {args.namespace}/{args.job}: {err.reason}", file=sys.stderr)
         return 1
@@ -194,8 +232,9 @@ def _describe(args: argparse.Namespace) -> int:
     if args.project:
         from tpujob.gcp.client import CatalogueConfig, CatalogueSource, parse_zones
 
-        catalogue = CatalogueSource(CatalogueConfig(
-            project=args.project, zones=parse_zones(args.zones))).refresh()
+        catalogue = CatalogueSource(
+            CatalogueConfig(project=args.project, zones=parse_zones(args.zones))
+        ).refresh()
     console = Console()
     for line in describe_lines(job, datetime.now(UTC), catalogue):
         console.print(line, highlight=False)

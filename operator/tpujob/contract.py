@@ -221,9 +221,11 @@ def encode_termination_message(message: TerminationMessage) -> str:
             return text
         value: str = data[key]
         # Encoded JSON may escape characters, so cut generously and re-check.
-        data[key] = value[min(len(value), excess + 16) :] if key == "traceback" else value[
-            : max(0, len(value) - excess - 16)
-        ]
+        data[key] = (
+            value[min(len(value), excess + 16) :]
+            if key == "traceback"
+            else value[: max(0, len(value) - excess - 16)]
+        )
     text = json.dumps(data, separators=(",", ":"))
     if len(text.encode()) > MAX_MESSAGE_BYTES:
         data["traceback"], data["summary"] = "", data["summary"][:200]
@@ -286,8 +288,9 @@ MAX_REJOIN_BYTES = 512
 
 
 def encode_rejoin(order: Rejoin) -> str:
-    return json.dumps({"attempt": order.attempt, "coordinator": order.coordinator},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"attempt": order.attempt, "coordinator": order.coordinator}, separators=(",", ":")
+    )
 
 
 def parse_rejoin(text: str | None) -> Rejoin | None:
@@ -304,7 +307,11 @@ def parse_rejoin(text: str | None) -> Rejoin | None:
     attempt, coordinator = data.get("attempt"), data.get("coordinator")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 10**6:
         return None
-    if not isinstance(coordinator, str) or not coordinator or len(coordinator) > 253 or \
-            any(ch.isspace() or ch in ":/" for ch in coordinator):
+    if (
+        not isinstance(coordinator, str)
+        or not coordinator
+        or len(coordinator) > 253
+        or any(ch.isspace() or ch in ":/" for ch in coordinator)
+    ):
         return None
     return Rejoin(attempt=attempt, coordinator=coordinator)

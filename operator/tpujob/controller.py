@@ -67,8 +67,9 @@ async def refresh_catalogue(deps: Deps) -> None:
         await asyncio.sleep(deps.catalogue_refresh_seconds)
 
 
-async def reconcile(deps: Deps, namespace: str, name: str,
-                    woken_at: float | None = None) -> float | None:
+async def reconcile(
+    deps: Deps, namespace: str, name: str, woken_at: float | None = None
+) -> float | None:
     """Reconcile once; returns seconds until the next reconcile, None when the job is gone.
 
     At most `RECONCILE_SLOTS` reconciles run at once (in the order they asked). `woken_at`
@@ -121,13 +122,17 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     observed = with_tails(observed, await _tails(deps, namespace, tails_to_read(observed)))
     now = deps.clock()
     if reads is not deps.view:  # with the cache, the node event handler keeps the record
-        deps.tpu_short_since = track_tpu_shortfall(deps.tpu_short_since,
-                                                   observed.nodes.values(), now=now)
+        deps.tpu_short_since = track_tpu_shortfall(
+            deps.tpu_short_since, observed.nodes.values(), now=now
+        )
     deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
-    observed = replace(observed, tpu_short_since=deps.tpu_short_since,
-                       catalogue=deps.catalogue.catalogue if deps.catalogue else None,
-                       node_blames=ledger_rows(deps),
-                       api_reachable_since=deps.api_reachable_since)
+    observed = replace(
+        observed,
+        tpu_short_since=deps.tpu_short_since,
+        catalogue=deps.catalogue.catalogue if deps.catalogue else None,
+        node_blames=ledger_rows(deps),
+        api_reachable_since=deps.api_reachable_since,
+    )
     # Most plans keep the placement they had; those plan without the placement lock, so a
     # thousand running jobs do not queue behind one another. A plan that places pools is made
     # again under the lock, on the claims as they are then (plans are pure: same inputs, same
@@ -152,24 +157,27 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         _tell(deps, namespace, name, result)
         return await _report_refused(deps, written, err)
     _tell(deps, namespace, name, result)
-    _let_go(deps, released, observed.job.spec.tpu.accelerator,
-            observed.job.spec.tpu.topology)
-    deps.wakes.settled(key, finished=result.status.phase in (Phase.SUCCEEDED, Phase.FAILED),
-                       waiting_for=_waiting_for(result, observed))
+    _let_go(deps, released, observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
+    deps.wakes.settled(
+        key,
+        finished=result.status.phase in (Phase.SUCCEEDED, Phase.FAILED),
+        waiting_for=_waiting_for(result, observed),
+    )
     return result.requeue_after
 
 
 async def _plan(deps: Deps, observed: Observed, key: JobKey, now: dt.datetime) -> Plan:
     """Plan in a worker thread within the budget, avoiding the pools other jobs hold now."""
     seen = replace(observed, busy_pools=observed.busy_pools | deps.claimed_by_others(key))
-    return await asyncio.wait_for(deps.run(partial(plan, seen, now=now, settings=deps.settings)),
-                                  timeout=deps.plan_budget_seconds)
+    return await asyncio.wait_for(
+        deps.run(partial(plan, seen, now=now, settings=deps.settings)),
+        timeout=deps.plan_budget_seconds,
+    )
 
 
 def _places(result: Plan, observed: Observed) -> bool:
     """Whether the plan chose pools: its placement differs from the one the job had."""
-    return result.status.current_attempt.placement != \
-        observed.job.status.current_attempt.placement
+    return result.status.current_attempt.placement != observed.job.status.current_attempt.placement
 
 
 def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -183,8 +191,9 @@ def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str
     return dict(best) if best is not None else None
 
 
-async def _write_status(deps: Deps, key: JobKey, body: dict[str, Any], result: Plan,
-                        now: dt.datetime) -> dict[str, Any]:
+async def _write_status(
+    deps: Deps, key: JobKey, body: dict[str, Any], result: Plan, now: dt.datetime
+) -> dict[str, Any]:
     """Write the new status unless nothing changed, only the clock moved, or only progress
     changed too recently.
 
@@ -201,8 +210,7 @@ async def _write_status(deps: Deps, key: JobKey, body: dict[str, Any], result: P
         return body
     if _only_changed(old_status, new_status, PROGRESS_FIELDS) and not effects:
         last = deps.progress_written.get(key)
-        if last is not None and (now - last).total_seconds() < \
-                deps.wakes.progress_interval_seconds:
+        if last is not None and (now - last).total_seconds() < deps.wakes.progress_interval_seconds:
             return body
     written = await deps.run(deps.writer.write_status, body, new_status)
     deps.written[key] = written
@@ -213,25 +221,36 @@ async def _write_status(deps: Deps, key: JobKey, body: dict[str, Any], result: P
 def _only_changed(old: dict[str, Any], new: dict[str, Any], fields: tuple[str, ...]) -> bool:
     def rest(status: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in status.items() if k not in fields}
+
     return rest(old) == rest(new)
 
 
 def _has_effects(result: Plan) -> bool:
-    return bool(result.create or result.delete_pods or result.rejoin_pods or
-                result.mark_nodes or result.events or
-                result.delete_job or result.fence_attempt is not None)
+    return bool(
+        result.create
+        or result.delete_pods
+        or result.rejoin_pods
+        or result.mark_nodes
+        or result.events
+        or result.delete_job
+        or result.fence_attempt is not None
+    )
 
 
 def _waiting_for(result: Plan, observed: Observed) -> Shape | None:
     running = result.status.condition(ConditionType.RUNNING)
-    if running is None or running.reason != "WaitingForPool" or \
-            result.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+    if (
+        running is None
+        or running.reason != "WaitingForPool"
+        or result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    ):
         return None
     return (observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
 
 
-def _let_go(deps: Deps, pools: list[str], accelerator: str | None = None,
-            topology: str | None = None) -> None:
+def _let_go(
+    deps: Deps, pools: list[str], accelerator: str | None = None, topology: str | None = None
+) -> None:
     """Pools a job no longer claims: wake a waiting job for each that no pod still holds."""
     view = deps.view
     if not pools or view is None or accelerator is None or topology is None:
@@ -244,12 +263,12 @@ def _let_go(deps: Deps, pools: list[str], accelerator: str | None = None,
 def release_pools(deps: Deps, pools: list[str], tpu: Any) -> None:
     """`_let_go` for a job whose daemon stopped; `tpu` is its spec.tpu as the watch shows it."""
     accelerator, topology = tpu.get("accelerator"), tpu.get("topology")
-    _let_go(deps, pools, str(accelerator) if accelerator else None,
-            str(topology) if topology else None)
+    _let_go(
+        deps, pools, str(accelerator) if accelerator else None, str(topology) if topology else None
+    )
 
 
-async def _tails(deps: Deps, namespace: str,
-                 pods: list[tuple[str, str]]) -> list[tuple[str, str]]:
+async def _tails(deps: Deps, namespace: str, pods: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Log tails of failed pods, each read once: a failed container's log does not change
     (kept by pod uid, so a job re-applied under its old name never gets an old tail)."""
     missing = [(name, uid) for name, uid in pods if uid not in deps.log_tails]
@@ -293,10 +312,16 @@ def _check_owner(deps: Deps, namespace: str, pod: str, job_uid: str) -> None:
     owners = deps.writer.pod_owner_uids(namespace, pod)
     if owners and job_uid in owners:
         return
-    raise PodsRefusedError(pod, KubeError(
-        409, "AlreadyExists", "a pod of this name exists and is not this job's (left by an "
-        "earlier job of the same name, e.g. deleted with --cascade=orphan?): delete it and "
-        "the job starts"))
+    raise PodsRefusedError(
+        pod,
+        KubeError(
+            409,
+            "AlreadyExists",
+            "a pod of this name exists and is not this job's (left by an "
+            "earlier job of the same name, e.g. deleted with --cascade=orphan?): delete it and "
+            "the job starts",
+        ),
+    )
 
 
 async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedError) -> float:
@@ -308,14 +333,18 @@ async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedErro
     status = parse_status(body.get("status"))
     previous = status.condition(ConditionType.PODS_REFUSED)
     message = str(err)[:1000]
-    status = status.with_condition(Condition(
-        type=ConditionType.PODS_REFUSED, status=ConditionStatus.TRUE, reason="FailedCreate",
-        message=message, last_transition_time=deps.clock()))
-    if previous is None or previous.status != ConditionStatus.TRUE or \
-            previous.message != message:
+    status = status.with_condition(
+        Condition(
+            type=ConditionType.PODS_REFUSED,
+            status=ConditionStatus.TRUE,
+            reason="FailedCreate",
+            message=message,
+            last_transition_time=deps.clock(),
+        )
+    )
+    if previous is None or previous.status != ConditionStatus.TRUE or previous.message != message:
         await deps.run(deps.writer.write_status, body, status_patch(status))
-        await deps.run(deps.writer.event, body, EventSpec("Warning", "FailedCreate",
-                                                                   message))
+        await deps.run(deps.writer.event, body, EventSpec("Warning", "FailedCreate", message))
     return REFUSED_RETRY_SECONDS
 
 
@@ -361,8 +390,9 @@ def _lease_access(deps: Deps, namespace: str) -> None:
     done = f"lease-access/{namespace}"
     if deps.recent.fresh(done):
         return
-    deps.writer.bind_cluster_role(namespace, access.binding, access.role, access.account,
-                                  access.account_namespace)
+    deps.writer.bind_cluster_role(
+        namespace, access.binding, access.role, access.account, access.account_namespace
+    )
     deps.recent.note(done)
 
 
@@ -370,28 +400,40 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
     status = result.status
     if result.diagnosis is not None:
         d = result.diagnosis
-        deps.metrics.record_failure(str(d.failure_class), str(d.code),
-                                    restarted=status.phase is Phase.RECOVERING)
+        deps.metrics.record_failure(
+            str(d.failure_class), str(d.code), restarted=status.phase is Phase.RECOVERING
+        )
     if result.recovery_seconds is not None:
         deps.metrics.record_recovery(result.recovery_seconds)
-    deps.metrics.record_job(namespace, name, status.phase, status.goodput,
-                            status.failed_node_budget_left)
+    deps.metrics.record_job(
+        namespace, name, status.phase, status.goodput, status.failed_node_budget_left
+    )
     if status.goodput_breakdown is not None:
-        deps.metrics.record_breakdown(namespace, name, status.goodput_breakdown.model_dump(
-            by_alias=True, exclude={"wall_seconds"}))
+        deps.metrics.record_breakdown(
+            namespace,
+            name,
+            status.goodput_breakdown.model_dump(by_alias=True, exclude={"wall_seconds"}),
+        )
 
 
 async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:
     """Planning overran its budget: say so on this job and let every other job go on."""
     rules = [r.message_pattern for r in observed.job.spec.recovery.rules if r.message_pattern]
-    message = (f"planning this job took longer than {deps.plan_budget_seconds:.0f}s and was "
-               f"abandoned; it is retried in {SLOW_PLAN_RETRY_SECONDS:.0f}s")
+    message = (
+        f"planning this job took longer than {deps.plan_budget_seconds:.0f}s and was "
+        f"abandoned; it is retried in {SLOW_PLAN_RETRY_SECONDS:.0f}s"
+    )
     if rules:
         message += "; spec.recovery.rules patterns: " + ", ".join(repr(r) for r in rules)
-    status = parse_status(body.get("status")).with_condition(Condition(
-        type=ConditionType.PLANNING_SLOW, status=ConditionStatus.TRUE,
-        reason="PlanningBudgetExceeded", message=message[:1000],
-        last_transition_time=deps.clock()))
+    status = parse_status(body.get("status")).with_condition(
+        Condition(
+            type=ConditionType.PLANNING_SLOW,
+            status=ConditionStatus.TRUE,
+            reason="PlanningBudgetExceeded",
+            message=message[:1000],
+            last_transition_time=deps.clock(),
+        )
+    )
     await deps.run(deps.writer.write_status, body, status_patch(status))
     return SLOW_PLAN_RETRY_SECONDS
 
@@ -400,10 +442,15 @@ async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobEr
     """A spec the schema let through but the operator cannot run: say so in a condition."""
     status = parse_status(body.get("status"))  # type: ignore[arg-type]
     message = "; ".join(f"{e.path}: {e.message}" for e in err.errors)[:4000]
-    status = status.with_condition(Condition(
-        type=ConditionType.SPEC_VALID, status=ConditionStatus.FALSE, reason="InvalidSpec",
-        message=message, last_transition_time=deps.clock())).model_copy(
-        update={"phase": Phase.PENDING})
+    status = status.with_condition(
+        Condition(
+            type=ConditionType.SPEC_VALID,
+            status=ConditionStatus.FALSE,
+            reason="InvalidSpec",
+            message=message,
+            last_transition_time=deps.clock(),
+        )
+    ).model_copy(update={"phase": Phase.PENDING})
     new = status_patch(status)
     if new != status_patch(parse_status(body.get("status"))):  # type: ignore[arg-type]
         await deps.run(deps.writer.write_status, body, new)

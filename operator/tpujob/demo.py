@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cpu-local.yaml"
 CHART = ROOT / "charts" / "tpujob-operator"
 NAMESPACE = "demo"
-DEMO_POOLS = controlplane.PoolOptions(pools=3, accelerator="tpu-v5-lite-podslice",
-                                      topology="4x4", spare_nodes=1)
+DEMO_POOLS = controlplane.PoolOptions(
+    pools=3, accelerator="tpu-v5-lite-podslice", topology="4x4", spare_nodes=1
+)
 
 
 class Demo:
@@ -42,9 +43,14 @@ class Demo:
         self.bins = binary_dir()
 
     def run_tool(self, tool: str, *args: str, stdin: str | None = None) -> str:
-        proc = subprocess.run([str(self.bins / tool), "--kubeconfig", str(self.kubeconfig),
-                               *args], capture_output=True, text=True, input=stdin,
-                              check=False, timeout=300)
+        proc = subprocess.run(
+            [str(self.bins / tool), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            check=False,
+            timeout=300,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{tool} {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
@@ -55,26 +61,41 @@ class Demo:
         return client.CustomObjectsApi(config.new_client_from_config(str(self.kubeconfig)))
 
     def status(self) -> dict[str, Any]:
-        body = self.api().get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
-                                                       "cpu-local")
+        body = self.api().get_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, "cpu-local"
+        )
         return dict(body)
 
     def start(self) -> None:
         say = self.console.print
-        say("[bold]1. local cluster[/bold]: etcd, kube-apiserver, scheduler, controller-manager, "
-            "and a node agent faking three v5e 4x4 TPU node pools")
+        say(
+            "[bold]1. local cluster[/bold]: etcd, kube-apiserver, scheduler, controller-manager, "
+            "and a node agent faking three v5e 4x4 TPU node pools"
+        )
         controlplane.up(self.state_dir, DEMO_POOLS, out=sys.stderr)
         say(f"   kubeconfig: {self.kubeconfig}  (export KUBECONFIG=... to kubectl around)")
         say(self.run_tool("kubectl", "get", "nodes", "-L", labels.NODEPOOL))
         say("[bold]2. operator[/bold]: helm install charts/tpujob-operator (CRDs from the chart)")
         self.run_tool("kubectl", "create", "namespace", NAMESPACE)
         # The chart admits hostPath checkpoints only under the prefixes it is given.
-        self.run_tool("helm", "install", "tpujob", str(CHART), "--namespace", "tpujob-system",
-                      "--create-namespace", "--wait", "--timeout", "120s",
-                      "--set", f"hostPathPrefixes={{{self.state_dir / 'checkpoints'}}}",
-                      # A live progress bar: progress reaches the status every 2 s.
-                      "--set", "operator.extraArgs={--collective-timeout=15,"
-                               "--force-delete-after=3,--progress-interval=2}")
+        self.run_tool(
+            "helm",
+            "install",
+            "tpujob",
+            str(CHART),
+            "--namespace",
+            "tpujob-system",
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "120s",
+            "--set",
+            f"hostPathPrefixes={{{self.state_dir / 'checkpoints'}}}",
+            # A live progress bar: progress reaches the status every 2 s.
+            "--set",
+            "operator.extraArgs={--collective-timeout=15,"
+            "--force-delete-after=3,--progress-interval=2}",
+        )
         say("[bold]3. job[/bold]: kubectl apply -f examples/cpu-local.yaml")
         # Checkpoints go under the demo's state dir, so a second demo starts from step 0 and
         # teardown removes them.
@@ -83,10 +104,15 @@ class Demo:
         self.run_tool("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(job))
 
     def watch(self, until: Any, what: str, timeout: float = 600) -> dict[str, Any]:
-        columns = (TextColumn("[bold]{task.fields[phase]:<10}"), BarColumn(),
-                   TextColumn("step {task.completed:.0f}/{task.total:.0f}  loss "
-                              "{task.fields[loss]}  attempt {task.fields[attempt]}  restarts "
-                              "s/m/h {task.fields[restarts]}"))
+        columns = (
+            TextColumn("[bold]{task.fields[phase]:<10}"),
+            BarColumn(),
+            TextColumn(
+                "step {task.completed:.0f}/{task.total:.0f}  loss "
+                "{task.fields[loss]}  attempt {task.fields[attempt]}  restarts "
+                "s/m/h {task.fields[restarts]}"
+            ),
+        )
         deadline = time.monotonic() + timeout
         with Progress(*columns, console=self.console, transient=True) as bar:
             task = bar.add_task(what, total=1, phase="", attempt=0, restarts="0/0/0", loss="-")
@@ -96,23 +122,32 @@ class Demo:
                 progress = st.get("progress") or {}
                 r = st.get("restarts") or {}
                 loss = progress.get("loss")
-                bar.update(task, completed=progress.get("step") or 0,
-                           total=progress.get("totalSteps") or 1, phase=st.get("phase", ""),
-                           attempt=st.get("attempt", 0),
-                           loss=f"{loss:.3f}" if isinstance(loss, float | int) else "-",
-                           restarts=f"{r.get('soft', 0)}/{r.get('medium', 0)}/{r.get('hard', 0)}")
+                bar.update(
+                    task,
+                    completed=progress.get("step") or 0,
+                    total=progress.get("totalSteps") or 1,
+                    phase=st.get("phase", ""),
+                    attempt=st.get("attempt", 0),
+                    loss=f"{loss:.3f}" if isinstance(loss, float | int) else "-",
+                    restarts=f"{r.get('soft', 0)}/{r.get('medium', 0)}/{r.get('hard', 0)}",
+                )
                 if until(st):
                     if isinstance(loss, float | int):  # the loss keeps falling across restarts
-                        self.console.print(f"   attempt {st.get('attempt')}, step "
-                                           f"{progress.get('step')}: loss {loss:.3f}")
+                        self.console.print(
+                            f"   attempt {st.get('attempt')}, step "
+                            f"{progress.get('step')}: loss {loss:.3f}"
+                        )
                     return body
                 time.sleep(0.5)
         raise SystemExit(f"timed out waiting for {what}")
 
     def show_failure(self, body: dict[str, Any]) -> None:
         failure = (body.get("status") or {}).get("lastFailure") or {}
-        self.console.print(f"   diagnosis: [{failure.get('class', '').upper()}] "
-                           f"{failure.get('code')}: {failure.get('summary')}", markup=False)
+        self.console.print(
+            f"   diagnosis: [{failure.get('class', '').upper()}] "
+            f"{failure.get('code')}: {failure.get('summary')}",
+            markup=False,
+        )
         for link in failure.get("chain", []):
             self.console.print(f"      chain: {link}", markup=False)
         self.console.print(f"   action: {failure.get('action')}", markup=False)
@@ -121,17 +156,22 @@ class Demo:
         say = self.console.print
         self.watch(lambda s: (s.get("progress") or {}).get("step", 0) >= 60, "training")
         say("[bold]4. soft fault[/bold]: tpujob local fault kill cpu-local-1-0-2 (SIGKILL)")
-        faults.kill_pod(self.state_dir, faults.find_pod(self.state_dir, "cpu-local-1-0-2",
-                                                        NAMESPACE))
-        body = self.watch(lambda s: s.get("attempt", 0) >= 2 and s.get("phase") == "Running",
-                          "recovery from the soft fault")
+        faults.kill_pod(
+            self.state_dir, faults.find_pod(self.state_dir, "cpu-local-1-0-2", NAMESPACE)
+        )
+        body = self.watch(
+            lambda s: s.get("attempt", 0) >= 2 and s.get("phase") == "Running",
+            "recovery from the soft fault",
+        )
         self.show_failure(body)
         self.watch(lambda s: (s.get("progress") or {}).get("step", 0) >= 160, "training")
         node = self._node_of_worker(body, 1)
         say(f"[bold]5. hard fault[/bold]: tpujob local fault node-down {node}")
         faults.set_node_fault(self.state_dir, node, down=True)
-        body = self.watch(lambda s: s.get("attempt", 0) >= 3 and s.get("phase") == "Running",
-                          "recovery from the hard fault")
+        body = self.watch(
+            lambda s: s.get("attempt", 0) >= 3 and s.get("phase") == "Running",
+            "recovery from the hard fault",
+        )
         self.show_failure(body)
         body = self.watch(lambda s: s.get("phase") in ("Succeeded", "Failed"), "the end")
         say(f"[bold]6. {body['status']['phase']}[/bold]: tpujob describe cpu-local -n {NAMESPACE}")
@@ -144,8 +184,12 @@ class Demo:
 
         core = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
         attempt = body["status"]["attempt"]
-        pods = core.list_namespaced_pod(NAMESPACE, label_selector=(
-            f"{labels.JOB}=cpu-local,{labels.ATTEMPT}={attempt},{labels.WORKER}={worker}")).items
+        pods = core.list_namespaced_pod(
+            NAMESPACE,
+            label_selector=(
+                f"{labels.JOB}=cpu-local,{labels.ATTEMPT}={attempt},{labels.WORKER}={worker}"
+            ),
+        ).items
         return str(pods[0].spec.node_name)
 
 
@@ -161,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         demo.faults()
     finally:
         if args.keep:
-            console.print(f"cluster left running: export KUBECONFIG={demo.kubeconfig}; "
-                          f"`tpujob local down --state-dir {demo.state_dir}` stops it")
+            console.print(
+                f"cluster left running: export KUBECONFIG={demo.kubeconfig}; "
+                f"`tpujob local down --state-dir {demo.state_dir}` stops it"
+            )
         else:
             controlplane.down(demo.state_dir, purge=True)
             console.print("cluster stopped and removed")

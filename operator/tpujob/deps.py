@@ -62,8 +62,7 @@ def kopf_connection_limit(namespaces: tuple[str, ...]) -> int:
     """
     if not all(_NAMESPACE_NAME.fullmatch(ns) for ns in namespaces):
         return 0
-    return WATCHES_PER_SCOPE * max(1, len(namespaces)) + KOPF_OWN_WATCHES + \
-        KOPF_REQUEST_CONNECTIONS
+    return WATCHES_PER_SCOPE * max(1, len(namespaces)) + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS
 
 
 @dataclass(frozen=True)
@@ -80,8 +79,9 @@ class LeaseAccess:
 class RecentWrites:
     """What this process created or fenced lately (thread-safe: effects run in threads)."""
 
-    def __init__(self, ttl_seconds: float = RECENT_WRITE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl_seconds: float = RECENT_WRITE_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._ttl, self._clock = ttl_seconds, clock
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -130,8 +130,11 @@ class Deps:
     placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Blocking client calls and planning run here, not in the loop's default executor (six
     # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
-    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=API_THREADS, thread_name_prefix="tpujob"))
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(
+            max_workers=API_THREADS, thread_name_prefix="tpujob"
+        )
+    )
     # Longest a plan (diagnosis included) may take; user rules are linear-time, so this is a
     # guard against the unforeseen, and the loop stays free meanwhile.
     plan_budget_seconds: float = 10.0
@@ -157,7 +160,8 @@ class Deps:
     api_down: bool = False
     api_probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reconcile_slots: asyncio.Semaphore = field(
-        default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS))
+        default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS)
+    )
     lease_access: LeaseAccess | None = None
     kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session
 

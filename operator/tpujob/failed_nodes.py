@@ -40,16 +40,23 @@ def repaired(failed: FailedNode, node: NodeView | None, action: BadNodeAction) -
     return False
 
 
-def avoided_nodes(failed_nodes: Collection[FailedNode], nodes: Mapping[str, NodeView],
-                  action: BadNodeAction) -> frozenset[str]:
+def avoided_nodes(
+    failed_nodes: Collection[FailedNode], nodes: Mapping[str, NodeView], action: BadNodeAction
+) -> frozenset[str]:
     """The failed nodes the job's pods must not be placed on: those not repaired since."""
-    return frozenset(f.name for f in failed_nodes
-                     if not repaired(f, nodes.get(f.name), action))
+    return frozenset(f.name for f in failed_nodes if not repaired(f, nodes.get(f.name), action))
 
 
-def record_blames(failed_nodes: Collection[FailedNode], *, blame: Collection[str],
-                  mark: Collection[str], nodes: Mapping[str, NodeView],
-                  action: BadNodeAction, code: str, now: datetime) -> list[FailedNode]:
+def record_blames(
+    failed_nodes: Collection[FailedNode],
+    *,
+    blame: Collection[str],
+    mark: Collection[str],
+    nodes: Mapping[str, NodeView],
+    action: BadNodeAction,
+    code: str,
+    now: datetime,
+) -> list[FailedNode]:
     """`failed_nodes` with this failure's blames: new nodes added, repaired ones renewed.
 
     A node this job alone blamed before that is now to be marked (lost, its TPUs unhealthy,
@@ -65,12 +72,21 @@ def record_blames(failed_nodes: Collection[FailedNode], *, blame: Collection[str
         else:
             out.append(f)
     known = {f.name for f in out}
-    out += [_blamed(n, nodes.get(n), mark=n in mark, code=code, now=now)
-            for n in blame if n not in known]
+    out += [
+        _blamed(n, nodes.get(n), mark=n in mark, code=code, now=now)
+        for n in blame
+        if n not in known
+    ]
     return out
 
 
-def _blamed(name: str, node: NodeView | None, *, mark: bool, code: str,
-            now: datetime) -> FailedNode:
-    return FailedNode(name=name, time=now, code=code, uid=(node.uid or None) if node else None,
-                      job_only=None if mark else True)
+def _blamed(
+    name: str, node: NodeView | None, *, mark: bool, code: str, now: datetime
+) -> FailedNode:
+    return FailedNode(
+        name=name,
+        time=now,
+        code=code,
+        uid=(node.uid or None) if node else None,
+        job_only=None if mark else True,
+    )

@@ -31,8 +31,14 @@ class Trouble:
     nodes: tuple[str, ...]
 
 
-def node_facts(node: NodeView | None, name: str, tpu_requested: int, *,
-               verdict: Verdict | None = None, pod: PodView | None = None) -> dx.NodeFacts:
+def node_facts(
+    node: NodeView | None,
+    name: str,
+    tpu_requested: int,
+    *,
+    verdict: Verdict | None = None,
+    pod: PodView | None = None,
+) -> dx.NodeFacts:
     """The node as the diagnosis should judge it.
 
     With a `verdict`, trouble still within its grace is not shown: a Ready=False of two
@@ -45,36 +51,52 @@ def node_facts(node: NodeView | None, name: str, tpu_requested: int, *,
     shows_ready = node.ready if settled or node.ready == "True" else "True"
     short = node.tpu_degraded and settled
     return dx.NodeFacts(
-        name=node.name, ready=shows_ready, taints=tuple(k for k, _ in node.taints),
+        name=node.name,
+        ready=shows_ready,
+        taints=tuple(k for k, _ in node.taints),
         labels=dict(node.labels),
         accelerator_unhealthy=bool(pod is not None and pod.unhealthy_devices),
         tpu_allocatable=(node.tpu_allocatable if short else node.tpu_capacity)
-        if node.tpu_capacity else None,
-        tpu_requested=tpu_requested or None)
+        if node.tpu_capacity
+        else None,
+        tpu_requested=tpu_requested or None,
+    )
 
 
-def worker_facts(obs: Observed, pod: PodView, *, step: int | None,
-                 verdict: Verdict | None = None) -> dx.WorkerFacts:
+def worker_facts(
+    obs: Observed, pod: PodView, *, step: int | None, verdict: Verdict | None = None
+) -> dx.WorkerFacts:
     chips = obs.job.spec.tpu.chips_per_host
     node = obs.nodes.get(pod.node) if pod.node else None
     context = []
     if pod.deleting_since is not None and not pod.terminal:
-        context.append("the pod is being deleted" + (
-            f" ({pod.disruption_reason})" if pod.disruption_reason else ""))
+        context.append(
+            "the pod is being deleted"
+            + (f" ({pod.disruption_reason})" if pod.disruption_reason else "")
+        )
     if pod.unhealthy_devices:
-        context.append(f"the kubelet reports {labels.TPU_RESOURCE} device(s) "
-                       f"{', '.join(pod.unhealthy_devices)} of this pod Unhealthy")
+        context.append(
+            f"the kubelet reports {labels.TPU_RESOURCE} device(s) "
+            f"{', '.join(pod.unhealthy_devices)} of this pod Unhealthy"
+        )
     if verdict is not None and verdict.trouble is not NodeTrouble.NONE and verdict.reason:
         context.append(verdict.reason)
     return dx.WorkerFacts(
         worker_index=pod.slice * obs.job.spec.tpu.hosts_per_slice + pod.worker,
-        slice_index=pod.slice, pod_name=pod.name, node_name=pod.node or "",
-        exit_code=pod.exit_code, signal=pod.signal, reason=pod.reason,
-        message=pod.message, log_tail=obs.log_tails.get(pod.name, ""),
-        context="; ".join(context), disruption=pod.disruption_reason,
+        slice_index=pod.slice,
+        pod_name=pod.name,
+        node_name=pod.node or "",
+        exit_code=pod.exit_code,
+        signal=pod.signal,
+        reason=pod.reason,
+        message=pod.message,
+        log_tail=obs.log_tails.get(pod.name, ""),
+        context="; ".join(context),
+        disruption=pod.disruption_reason,
         node=node_facts(node, pod.node, chips, verdict=verdict, pod=pod) if pod.node else None,
         step=_reported_step(pod) if _reported_step(pod) is not None else step,
-        finished_at=pod.finished_at or pod.deleting_since)
+        finished_at=pod.finished_at or pod.deleting_since,
+    )
 
 
 def _reported_step(pod: PodView) -> int | None:
@@ -83,16 +105,31 @@ def _reported_step(pod: PodView) -> int | None:
     return message.step if message is not None else None
 
 
-def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: datetime | None,
-                 stall_timeout: float, last_step: int | None,
-                 health: NodeHealthSettings = DEFAULT_HEALTH) -> Trouble | None:
+def find_trouble(
+    obs: Observed,
+    attempt: int,
+    *,
+    now: datetime,
+    launched_at: datetime | None,
+    stall_timeout: float,
+    last_step: int | None,
+    health: NodeHealthSettings = DEFAULT_HEALTH,
+) -> Trouble | None:
     """The failure of `attempt`, or None while it is healthy (or still starting)."""
     pods = obs.attempt_pods(attempt)
     troubled: list[tuple[PodView, Verdict | None]] = []
     for pod in pods:
-        verdict = judge(obs.nodes.get(pod.node), now=now, settings=health,
-                        tpu_short_since=obs.tpu_short_since, name=pod.node) \
-            if pod.node else None
+        verdict = (
+            judge(
+                obs.nodes.get(pod.node),
+                now=now,
+                settings=health,
+                tpu_short_since=obs.tpu_short_since,
+                name=pod.node,
+            )
+            if pod.node
+            else None
+        )
         deleted = pod.deleting_since is not None and not pod.terminal
         live = bool(pod.node) and not pod.terminal
         lost = live and verdict is not None and verdict.trouble.failure
@@ -102,9 +139,12 @@ def find_trouble(obs: Observed, attempt: int, *, now: datetime, launched_at: dat
     if troubled:
         workers = tuple(worker_facts(obs, p, step=last_step, verdict=v) for p, v in troubled)
         times = [w.finished_at for w in workers if w.finished_at is not None]
-        return Trouble(dx.JobFacts(workers=workers), min(times, default=now),
-                       tuple(p.name for p, _ in troubled),
-                       tuple(sorted({p.node for p, _ in troubled if p.node})))
+        return Trouble(
+            dx.JobFacts(workers=workers),
+            min(times, default=now),
+            tuple(p.name for p, _ in troubled),
+            tuple(sorted({p.node for p, _ in troubled if p.node})),
+        )
     heartbeat = _stalled(obs, pods, now=now, launched_at=launched_at, timeout=stall_timeout)
     if heartbeat is not None:
         return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())
@@ -119,8 +159,14 @@ STARTUP_TIMEOUTS = 2
 STARTUP_FLOOR_SECONDS = 60.0
 
 
-def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
-             launched_at: datetime | None, timeout: float) -> dx.HeartbeatFacts | None:
+def _stalled(
+    obs: Observed,
+    pods: Sequence[PodView],
+    *,
+    now: datetime,
+    launched_at: datetime | None,
+    timeout: float,
+) -> dx.HeartbeatFacts | None:
     """A heartbeat older than the stall timeout while every worker runs is a hang.
 
     Before this attempt's first beat the clock starts when the last worker started running,
@@ -147,8 +193,11 @@ def _stalled(obs: Observed, pods: Sequence[PodView], *, now: datetime,
         return None
     # The step of another attempt's beat is not this hang's: stamping it would make a hang at
     # start-up look like the same failure at the same step (a deterministic repeat).
-    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=limit,
-                             step=beat.step if own and beat is not None else None)
+    return dx.HeartbeatFacts(
+        seconds_since=seconds,
+        stall_timeout=limit,
+        step=beat.step if own and beat is not None else None,
+    )
 
 
 def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:
@@ -159,8 +208,14 @@ def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:
             code = dx.FailureCode(rule.code) if rule.code else None
         except ValueError:
             code = None
-        converted.append(dx.UserRule(
-            failure_class=dx.FailureClass(str(rule.failure_class)), code=code,
-            exit_codes=tuple(rule.exit_codes or ()), reasons=tuple(rule.reasons or ()),
-            message_regex=rule.message_pattern, name=f"spec.recovery.rules[{index}]"))
+        converted.append(
+            dx.UserRule(
+                failure_class=dx.FailureClass(str(rule.failure_class)),
+                code=code,
+                exit_codes=tuple(rule.exit_codes or ()),
+                reasons=tuple(rule.reasons or ()),
+                message_regex=rule.message_pattern,
+                name=f"spec.recovery.rules[{index}]",
+            )
+        )
     return tuple(converted)

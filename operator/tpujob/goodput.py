@@ -80,8 +80,11 @@ class Breakdown:
     @property
     def goodput(self) -> float | None:
         """Productive time over wall time; None before any wall time."""
-        return self.parts.get(GoodputCategory.PRODUCTIVE, 0) / self.wall_ms \
-            if self.wall_ms > 0 else None
+        return (
+            self.parts.get(GoodputCategory.PRODUCTIVE, 0) / self.wall_ms
+            if self.wall_ms > 0
+            else None
+        )
 
 
 def _time(value: float | None, low: float, high: float) -> float | None:
@@ -109,8 +112,14 @@ class _Span:
 
 def _spans(wall: float, attempts: Sequence[AttemptFacts]) -> list[_Span]:
     """Attempts as disjoint spans inside [0, wall], in launch order."""
-    valid = sorted((a for a in attempts if _time(a.launched_at, 0, wall) is not None
-                    and a.launched_at <= wall), key=lambda a: a.launched_at)
+    valid = sorted(
+        (
+            a
+            for a in attempts
+            if _time(a.launched_at, 0, wall) is not None and a.launched_at <= wall
+        ),
+        key=lambda a: a.launched_at,
+    )
     spans, floor = [], 0.0
     for i, facts in enumerate(valid):
         start = max(floor, facts.launched_at)
@@ -121,8 +130,11 @@ def _spans(wall: float, attempts: Sequence[AttemptFacts]) -> list[_Span]:
         if following is not None:
             # Restoring nothing is restarting from step 0, once the attempt has trained.
             trained = _step(following.first_step) is not None
-            following_restored = _step(following.restored_step) if \
-                following.restored_step is not None else (0 if trained else None)
+            following_restored = (
+                _step(following.restored_step)
+                if following.restored_step is not None
+                else (0 if trained else None)
+            )
         spans.append(_Span(facts, start, ceiling if end is None else end, following_restored))
         floor = spans[-1].end
     return spans
@@ -139,15 +151,20 @@ def _attempt(span: _Span) -> dict[GoodputCategory, float]:
     last = max(first, last if last is not None else first)
     rate = _rate(f.steps_per_second, MAX_STEPS_PER_SECOND)
     # Without a reported rate, the steps between the first heartbeat and the end set it.
-    per_step = 1 / rate if rate else ((span.end - beat) / (last - first) if last > first
-                                      else 0.0)
+    per_step = 1 / rate if rate else ((span.end - beat) / (last - first) if last > first else 0.0)
     began = max(span.start, beat - (first - restored) * per_step)
     step_time = min(span.end - began, (last - restored) * per_step)
     # Steps past what the next attempt restored are lost; before it restores, a failed
     # attempt's own last checkpoint tells; with neither, no loss is claimed.
     checkpoint = _step(f.checkpoint_step) if f.failed else None
-    keep_to = min(last, span.next_restored if span.next_restored is not None else
-                  checkpoint if checkpoint is not None else last)
+    keep_to = min(
+        last,
+        span.next_restored
+        if span.next_restored is not None
+        else checkpoint
+        if checkpoint is not None
+        else last,
+    )
     kept_fraction = (max(0, keep_to - restored) / (last - restored)) if last > restored else 1.0
     kept = step_time * kept_fraction
     wait_fraction = _time(f.input_bound_fraction, 0.0, 1.0) or 0.0

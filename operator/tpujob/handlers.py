@@ -107,10 +107,14 @@ def register(registry: kopf.OperatorRegistry) -> None:
         """kopf hands every handler the indexes as keyword arguments named after them."""
         assert isinstance(memo, Deps)
         memo.view = cache.CachedView(
-            jobs=indexes["tpujob_jobs"], pods=indexes["tpujob_pods"],
-            pools=indexes["tpujob_pools"], nodes=indexes["tpujob_nodes"],
-            heartbeats=indexes["tpujob_heartbeats"], node_pods=indexes["tpujob_node_pods"],
-            node_book=memo.node_book)
+            jobs=indexes["tpujob_jobs"],
+            pods=indexes["tpujob_pods"],
+            pools=indexes["tpujob_pools"],
+            nodes=indexes["tpujob_nodes"],
+            heartbeats=indexes["tpujob_heartbeats"],
+            node_pods=indexes["tpujob_node_pods"],
+            node_book=memo.node_book,
+        )
 
     @kopf.on.login(registry=registry)
     async def login(memo: Any, **kwargs: Any) -> kopf.ConnectionInfo | kopf.AiohttpSession | None:
@@ -121,16 +125,30 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if info is None or not memo.kopf_connections:
             return info
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=memo.kopf_connections,
-                                           ssl=info.as_ssl_context()),
-            headers=info.as_http_headers(), proxy=info.proxy_url, trust_env=info.trust_env)
-        return kopf.AiohttpSession(server=info.server, priority=info.priority,
-                                   default_namespace=info.default_namespace,
-                                   expiration=info.expiration, aiohttp_session=session)
+            connector=aiohttp.TCPConnector(limit=memo.kopf_connections, ssl=info.as_ssl_context()),
+            headers=info.as_http_headers(),
+            proxy=info.proxy_url,
+            trust_env=info.trust_env,
+        )
+        return kopf.AiohttpSession(
+            server=info.server,
+            priority=info.priority,
+            default_namespace=info.default_namespace,
+            expiration=info.expiration,
+            aiohttp_session=session,
+        )
 
     @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
-    async def run_job(*, name: str, namespace: str | None, stopped: kopf.DaemonStopped,
-                      memo: Any, logger: kopf.Logger, spec: kopf.Spec, **_: Any) -> None:
+    async def run_job(
+        *,
+        name: str,
+        namespace: str | None,
+        stopped: kopf.DaemonStopped,
+        memo: Any,
+        logger: kopf.Logger,
+        spec: kopf.Spec,
+        **_: Any,
+    ) -> None:
         assert isinstance(memo, Deps) and namespace is not None
         key = (namespace, name)
         wake = memo.wakes.waker(key)
@@ -147,9 +165,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
                     failures += 1
                     delay = retry_delay(err, failures, random.random())
                     if not isinstance(err, ConflictError):
-                        logger.warning(f"reconcile failed ({failures} in a row), retrying in "
-                                       f"{delay:.1f}s: {err}", exc_info=not isinstance(
-                                           err, KubeError))
+                        logger.warning(
+                            f"reconcile failed ({failures} in a row), retrying in "
+                            f"{delay:.1f}s: {err}",
+                            exc_info=not isinstance(err, KubeError),
+                        )
                 if delay is None:
                     return
                 if delay > 0:
@@ -163,8 +183,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
             release_pools(memo, released, spec.get("tpu") or {})
 
     @kopf.on.event("", "v1", "pods", labels={labels.JOB: kopf.PRESENT}, registry=registry)
-    async def pod_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
-                          body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def pod_changed(
+        *,
+        namespace: str | None,
+        labels: Mapping[str, str],
+        memo: Any,
+        body: kopf.Body,
+        type: str | None,
+        **_: Any,
+    ) -> None:
         assert isinstance(memo, Deps)
         now = time.monotonic()
         memo.wakes.wake((namespace or "", labels[_JOB_LABEL]), at=now)
@@ -173,16 +200,23 @@ def register(registry: kopf.OperatorRegistry) -> None:
         selector = spec.get("nodeSelector") or {}
         pool = selector.get(_POOL_LABEL)
         ended = type == "DELETED" or status.get("phase") in ("Succeeded", "Failed")
-        if ended and pool and memo.view is not None and not memo.view.pool_holders(pool) \
-                and pool not in memo.pool_claims:
+        if (
+            ended
+            and pool
+            and memo.view is not None
+            and not memo.view.pool_holders(pool)
+            and pool not in memo.pool_claims
+        ):
             shape = (selector.get(_ACCELERATOR_LABEL), selector.get(_TOPOLOGY_LABEL))
             if shape[0] and shape[1]:
                 memo.wakes.pool_freed((str(shape[0]), str(shape[1])), at=now)
 
-    @kopf.on.event("coordination.k8s.io", "v1", "leases", labels={labels.JOB: kopf.PRESENT},
-                   registry=registry)
-    async def heartbeat(*, namespace: str | None, name: str | None,
-                        labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    @kopf.on.event(
+        "coordination.k8s.io", "v1", "leases", labels={labels.JOB: kopf.PRESENT}, registry=registry
+    )
+    async def heartbeat(
+        *, namespace: str | None, name: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+    ) -> None:
         assert isinstance(memo, Deps)
         key = (namespace or "", labels[_JOB_LABEL])
         # Parsed once, by the index (kopf updates indexes before it calls handlers).
@@ -191,8 +225,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_changed(*, name: str | None, memo: Any, type: str | None,
-                           **_: Any) -> None:
+    async def node_changed(*, name: str | None, memo: Any, type: str | None, **_: Any) -> None:
         """Wake the jobs with pods on this node or a placement on its pool; a healthy node
         of a pool nobody holds may also let a waiting job in. A status renewal that changed
         nothing the planner reads wakes no one."""
@@ -205,16 +238,23 @@ def register(registry: kopf.OperatorRegistry) -> None:
             return
         now = time.monotonic()
         view = memo.view.node(name)  # parsed once, by the index; None once deleted
-        memo.tpu_short_since = note_tpu_shortfall(memo.tpu_short_since, name, view,
-                                                  now=memo.clock())
+        memo.tpu_short_since = note_tpu_shortfall(
+            memo.tpu_short_since, name, view, now=memo.clock()
+        )
         concerned = set(memo.view.jobs_on_node(name))
         holder = memo.pool_claims.get(view.pool or "") if view is not None else None
         if holder is not None:
             concerned.add(holder)
         memo.wakes.wake_live(concerned, at=now)
-        if view is not None and view.pool and holder is None and view.accelerator and \
-                view.topology and view.healthy_for(frozenset()) and \
-                not memo.view.pool_holders(view.pool):
+        if (
+            view is not None
+            and view.pool
+            and holder is None
+            and view.accelerator
+            and view.topology
+            and view.healthy_for(frozenset())
+            and not memo.view.pool_holders(view.pool)
+        ):
             memo.wakes.pool_freed((view.accelerator, view.topology), at=now)
 
 
@@ -235,8 +275,7 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
     def tpujob_pools(body: kopf.Body, **_: Any) -> Any:
         return cache.pod_by_pool(body)
 
-    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_node_pods",
-                registry=registry)
+    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_node_pods", registry=registry)
     def tpujob_node_pods(body: kopf.Body, **_: Any) -> Any:
         return cache.pod_by_node(body)
 
@@ -245,8 +284,14 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
         assert isinstance(memo, Deps)
         return cache.node_record(body, memo.node_book)
 
-    @kopf.index("coordination.k8s.io", "v1", "leases", labels=job_pods,
-                id="tpujob_heartbeats", registry=registry)
+    @kopf.index(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        labels=job_pods,
+        id="tpujob_heartbeats",
+        registry=registry,
+    )
     def tpujob_heartbeats(body: kopf.Body, **_: Any) -> Any:
         return cache.lease_record(body)
 

@@ -26,10 +26,14 @@ TPU_RESOURCE = "google.com/tpu"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
-MAINTENANCE_TAINTS = ("cloud.google.com/impending-node-termination",
-                      "cloud.google.com/maintenance-window-started")
-MAINTENANCE_LABELS = {"cloud.google.com/active-node-maintenance": "ONGOING",
-                      "cloud.google.com/perform-maintenance": "true"}
+MAINTENANCE_TAINTS = (
+    "cloud.google.com/impending-node-termination",
+    "cloud.google.com/maintenance-window-started",
+)
+MAINTENANCE_LABELS = {
+    "cloud.google.com/active-node-maintenance": "ONGOING",
+    "cloud.google.com/perform-maintenance": "true",
+}
 
 # Ports of the trainer processes.
 JAX_COORDINATOR_PORT = 8476

@@ -32,8 +32,9 @@ async def load_ledger(deps: Deps) -> None:
         data = await deps.run(deps.reader.config_data, namespace, LEDGER_CONFIGMAP)
         deps.ledger = ledger_from_data(data)
     except (KubeError, LedgerFormatError) as err:
-        log.warning("node ledger %s/%s not read, starting a new one: %s", namespace,
-                    LEDGER_CONFIGMAP, err)
+        log.warning(
+            "node ledger %s/%s not read, starting a new one: %s", namespace, LEDGER_CONFIGMAP, err
+        )
 
 
 def ledger_rows(deps: Deps) -> tuple[tuple[str, str, float], ...]:
@@ -49,7 +50,8 @@ async def remember_blame(deps: Deps, blame: Blame) -> None:
         return
     async with deps.ledger_lock:
         try:
-            await deps.run(deps.writer.save_config, namespace, LEDGER_CONFIGMAP,
-                           ledger_to_data(deps.ledger))
+            await deps.run(
+                deps.writer.save_config, namespace, LEDGER_CONFIGMAP, ledger_to_data(deps.ledger)
+            )
         except KubeError as err:
             log.warning("node ledger not saved (kept in memory): %s", err)

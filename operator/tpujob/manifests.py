@@ -46,15 +46,23 @@ class AttemptSettings:
 
 
 def owner_reference(job: TPUTrainingJob) -> dict[str, Any]:
-    return {"apiVersion": job.api_version, "kind": job.kind, "name": job.name,
-            "uid": job.metadata.get("uid", ""), "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": job.api_version,
+        "kind": job.kind,
+        "name": job.name,
+        "uid": job.metadata.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-def _meta(job: TPUTrainingJob, name: str, extra: Mapping[str, str] | None = None,
-          ) -> dict[str, Any]:
-    return {"name": name, "namespace": job.namespace,
-            "labels": {labels.JOB: job.name, labels.MANAGED_BY: labels.MANAGER, **(extra or {})},
-            "ownerReferences": [owner_reference(job)]}
+def _meta(job: TPUTrainingJob, name: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {labels.JOB: job.name, labels.MANAGED_BY: labels.MANAGER, **(extra or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
 
 
 def pod_name(job: str, attempt: int, slice_index: int, worker: int) -> str:
@@ -74,8 +82,10 @@ def trainer_service_account(job: TPUTrainingJob) -> str:
 
 
 def host_fqdn(job: TPUTrainingJob, attempt: int, slice_index: int, worker: int) -> str:
-    return (f"{pod_name(job.name, attempt, slice_index, worker)}.{service_name(job)}."
-            f"{job.namespace}.svc.cluster.local")
+    return (
+        f"{pod_name(job.name, attempt, slice_index, worker)}.{service_name(job)}."
+        f"{job.namespace}.svc.cluster.local"
+    )
 
 
 def rejoins(job: TPUTrainingJob) -> bool:
@@ -91,12 +101,14 @@ def coordinator_host(job: TPUTrainingJob, settings: AttemptSettings) -> str:
 
 def rejoin_order(job: TPUTrainingJob, settings: AttemptSettings) -> str:
     """The annotation that tells a kept pod to restart its trainer as `settings.attempt`."""
-    return contract.encode_rejoin(contract.Rejoin(attempt=settings.attempt,
-                                                  coordinator=coordinator_host(job, settings)))
+    return contract.encode_rejoin(
+        contract.Rejoin(attempt=settings.attempt, coordinator=coordinator_host(job, settings))
+    )
 
 
-def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int,
-                worker: int) -> list[dict[str, Any]]:
+def trainer_env(
+    job: TPUTrainingJob, settings: AttemptSettings, slice_index: int, worker: int
+) -> list[dict[str, Any]]:
     """The env GKE and the operator give a worker: TPU, multislice, JAX and tpujob variables."""
     tpu = job.spec.tpu
     hosts = tpu.hosts_per_slice
@@ -147,14 +159,21 @@ def trainer_env(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
 def _affinity(bad_nodes: frozenset[str]) -> dict[str, Any] | None:
     if not bad_nodes:
         return None
-    term = {"matchExpressions": [{"key": labels.HOSTNAME, "operator": "NotIn",
-                                  "values": sorted(bad_nodes)}]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [term]}}}
+    term = {
+        "matchExpressions": [
+            {"key": labels.HOSTNAME, "operator": "NotIn", "values": sorted(bad_nodes)}
+        ]
+    }
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
 
 
-def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int,
-                worker: int) -> dict[str, Any]:
+def trainer_pod(
+    job: TPUTrainingJob, settings: AttemptSettings, slice_index: int, worker: int
+) -> dict[str, Any]:
     tpu, trainer = job.spec.tpu, job.spec.trainer
     name = pod_name(job.name, settings.pods_attempt(slice_index), slice_index, worker)
     resources: dict[str, Any] = {}
@@ -169,7 +188,8 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
             # which the operator grades (a leak it warned of is a leak, not a soft failure).
             resources.setdefault("limits", {})["memory"] = str(requests["memory"])
     container: dict[str, Any] = {
-        "name": "trainer", "image": trainer.image,
+        "name": "trainer",
+        "image": trainer.image,
         "env": trainer_env(job, settings, slice_index, worker),
         "resources": resources,
         "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
@@ -184,22 +204,36 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
         container["args"] = list(trainer.args)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "hostname": name, "subdomain": service_name(job),
+        "hostname": name,
+        "subdomain": service_name(job),
         "serviceAccountName": trainer_service_account(job),
         "securityContext": pod_security.pod_security_context(trainer.security),
         "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
         "nodeSelector": {labels.ACCELERATOR: tpu.accelerator, labels.TOPOLOGY: tpu.topology},
-        "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists",
-                         "effect": "NoSchedule"}],
+        "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
         "volumes": [pod_security.scratch_volume()],
     }
     if rejoins(job):
-        spec["volumes"].append({"name": REJOIN_VOLUME, "downwardAPI": {"items": [{
-            "path": REJOIN_FILE, "fieldRef": {
-                "fieldPath": f"metadata.annotations['{contract.POD_REJOIN_ANNOTATION}']"}}]}})
-        container["volumeMounts"].append({"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH,
-                                          "readOnly": True})
+        spec["volumes"].append(
+            {
+                "name": REJOIN_VOLUME,
+                "downwardAPI": {
+                    "items": [
+                        {
+                            "path": REJOIN_FILE,
+                            "fieldRef": {
+                                "fieldPath": "metadata.annotations"
+                                f"['{contract.POD_REJOIN_ANNOTATION}']"
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH, "readOnly": True}
+        )
     if pool := settings.pools.get(slice_index):
         spec["nodeSelector"][labels.NODEPOOL] = pool
     if affinity := _affinity(settings.bad_nodes):
@@ -207,34 +241,52 @@ def trainer_pod(job: TPUTrainingJob, settings: AttemptSettings, slice_index: int
     volume = job.spec.checkpoint.volume if job.spec.checkpoint else None
     if volume is not None:
         source: dict[str, Any] = (
-            {"persistentVolumeClaim": {"claimName": volume.claim_name}} if volume.claim_name
-            else {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}})
+            {"persistentVolumeClaim": {"claimName": volume.claim_name}}
+            if volume.claim_name
+            else {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}}
+        )
         spec["volumes"].append({"name": "checkpoints", **source})
         container["volumeMounts"].append({"name": "checkpoints", "mountPath": volume.mount_path})
-    extra = {labels.ATTEMPT: str(settings.attempt), labels.SLICE: str(slice_index),
-             labels.WORKER: str(worker)}
+    extra = {
+        labels.ATTEMPT: str(settings.attempt),
+        labels.SLICE: str(slice_index),
+        labels.WORKER: str(worker),
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
 
 
 def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[str, Any]]:
     """The pods an attempt creates: every worker's but those of the slices it keeps."""
     tpu = job.spec.tpu
-    return [trainer_pod(job, settings, s, w)
-            for s in range(tpu.slices) if s not in settings.kept
-            for w in range(tpu.hosts_per_slice)]
+    return [
+        trainer_pod(job, settings, s, w)
+        for s in range(tpu.slices)
+        if s not in settings.kept
+        for w in range(tpu.hosts_per_slice)
+    ]
 
 
 def headless_service(job: TPUTrainingJob) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, service_name(job)),
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": {labels.JOB: job.name},
-                     "ports": [{"name": "coordinator", "port": labels.JAX_COORDINATOR_PORT}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, service_name(job)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {labels.JOB: job.name},
+            "ports": [{"name": "coordinator", "port": labels.JAX_COORDINATOR_PORT}],
+        },
+    }
 
 
 def heartbeat_lease(job: TPUTrainingJob) -> dict[str, Any]:
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": _meta(job, lease_name(job)),
-            "spec": {"holderIdentity": f"{job.name}-worker-0"}}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _meta(job, lease_name(job)),
+        "spec": {"holderIdentity": f"{job.name}-worker-0"},
+    }
 
 
 def heartbeat_rbac(job: TPUTrainingJob) -> list[dict[str, Any]]:
@@ -243,16 +295,31 @@ def heartbeat_rbac(job: TPUTrainingJob) -> list[dict[str, Any]]:
     role = f"{job.name}-heartbeat"
     objects: list[dict[str, Any]] = []
     if job.spec.trainer.service_account_name is None:
-        objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
-                        "metadata": _meta(job, account)})
-    objects.append({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": _meta(job, role),
-        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                   "resourceNames": [lease_name(job)], "verbs": ["get", "update", "patch"]}]})
-    objects.append({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": _meta(job, role),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}]})
+        objects.append(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, account)}
+        )
+    objects.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(job, role),
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [lease_name(job)],
+                    "verbs": ["get", "update", "patch"],
+                }
+            ],
+        }
+    )
+    objects.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(job, role),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}],
+        }
+    )
     return objects

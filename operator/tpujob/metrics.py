@@ -23,41 +23,80 @@ class Metrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.jobs = Gauge("tpujob_jobs", "Jobs by phase.", ["phase"], registry=r)
-        self.failures = Counter("tpujob_failures", "Diagnosed failures by class and code.",
-                                ["class", "code"], registry=r)
-        self.restarts = Counter("tpujob_restarts", "Restarts by failure class.", ["class"],
-                                registry=r)
-        self.recovery = Histogram("tpujob_recovery_duration_seconds",
-                                  "From a failure seen to training resumed.",
-                                  buckets=RECOVERY_BUCKETS, registry=r)
-        self.goodput = Gauge("tpujob_goodput_ratio", "Productive training time over wall time.",
-                             ["namespace", "job"], registry=r)
+        self.failures = Counter(
+            "tpujob_failures",
+            "Diagnosed failures by class and code.",
+            ["class", "code"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "tpujob_restarts", "Restarts by failure class.", ["class"], registry=r
+        )
+        self.recovery = Histogram(
+            "tpujob_recovery_duration_seconds",
+            "From a failure seen to training resumed.",
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.goodput = Gauge(
+            "tpujob_goodput_ratio",
+            "Productive training time over wall time.",
+            ["namespace", "job"],
+            registry=r,
+        )
         self.goodput_seconds = Gauge(
-            "tpujob_goodput_seconds", "Job wall time by goodput category (seconds).",
-            ["namespace", "job", "category"], registry=r)
-        self.budget_left = Gauge("tpujob_failed_node_budget_remaining",
-                                 "Nodes that may still fail before the job fails.",
-                                 ["namespace", "job"], registry=r)
+            "tpujob_goodput_seconds",
+            "Job wall time by goodput category (seconds).",
+            ["namespace", "job", "category"],
+            registry=r,
+        )
+        self.budget_left = Gauge(
+            "tpujob_failed_node_budget_remaining",
+            "Nodes that may still fail before the job fails.",
+            ["namespace", "job"],
+            registry=r,
+        )
         self.reconcile_seconds = Histogram(
-            "tpujob_reconcile_duration_seconds", "One reconcile of one job, reads to Events.",
-            buckets=LATENCY_BUCKETS, registry=r)
+            "tpujob_reconcile_duration_seconds",
+            "One reconcile of one job, reads to Events.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.wake_seconds = Histogram(
             "tpujob_wake_to_start_seconds",
             "From an event waking a job to its reconcile starting.",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.api_requests = Counter("tpujob_api_requests",
-                                    "Requests the operator's client sent, by HTTP verb.",
-                                    ["verb"], registry=r)
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "tpujob_api_requests",
+            "Requests the operator's client sent, by HTTP verb.",
+            ["verb"],
+            registry=r,
+        )
         # process_cpu_seconds_total, process_resident_memory_bytes, open fds (Linux).
         ProcessCollector(registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         for p in Phase:  # every phase is a series from the start, 0 until a job has it
             self.jobs.labels(phase=str(p)).set(0)
-        self._categories = ("productive", "startup", "restore", "redone", "dataWait",
-                            "downtime", "other")
+        self._categories = (
+            "productive",
+            "startup",
+            "restore",
+            "redone",
+            "dataWait",
+            "downtime",
+            "other",
+        )
 
-    def record_job(self, namespace: str, job: str, phase: Phase | None,
-                   goodput: float | None, budget_left: int | None) -> None:
+    def record_job(
+        self,
+        namespace: str,
+        job: str,
+        phase: Phase | None,
+        goodput: float | None,
+        budget_left: int | None,
+    ) -> None:
         now, before = str(phase or Phase.PENDING), self._phases.get((namespace, job))
         if now != before:  # counts kept as jobs move, not recounted over every job
             self._phases[(namespace, job)] = now
@@ -72,7 +111,8 @@ class Metrics:
     def record_breakdown(self, namespace: str, job: str, parts: dict[str, float]) -> None:
         for category, seconds in parts.items():
             self.goodput_seconds.labels(namespace=namespace, job=job, category=category).set(
-                seconds)
+                seconds
+            )
 
     def forget_job(self, namespace: str, job: str) -> None:
         before = self._phases.pop((namespace, job), None)

@@ -95,8 +95,10 @@ def _tpu_short_past_grace(r: _Reading) -> str | None:
     lasted = _seconds(r.short_since, r.now)
     if lasted is None or lasted >= r.settings.tpu_shortfall_grace_seconds:
         since = f" for {lasted:.0f}s" if lasted is not None else ""
-        return (f"node {r.node.name} allocatable {labels.TPU_RESOURCE}="
-                f"{r.node.tpu_allocatable} of capacity {r.node.tpu_capacity}{since}")
+        return (
+            f"node {r.node.name} allocatable {labels.TPU_RESOURCE}="
+            f"{r.node.tpu_allocatable} of capacity {r.node.tpu_capacity}{since}"
+        )
     return None
 
 
@@ -104,15 +106,19 @@ def _suspect(r: _Reading) -> str | None:
     if r.node.ready != "True":
         return f"node {r.node.name} Ready={r.node.ready}, within the grace"
     if r.node.tpu_degraded:
-        return (f"node {r.node.name} allocatable {labels.TPU_RESOURCE}="
-                f"{r.node.tpu_allocatable} of {r.node.tpu_capacity}, within the grace")
+        return (
+            f"node {r.node.name} allocatable {labels.TPU_RESOURCE}="
+            f"{r.node.tpu_allocatable} of {r.node.tpu_capacity}, within the grace"
+        )
     return None
 
 
 def _taint(key: str, effect: str | None, what: str) -> Callable[[_Reading], str | None]:
     def rule(r: _Reading) -> str | None:
-        return f"node {r.node.name} tainted {key} ({what})" \
-            if r.node.has_taint(key, effect) else None
+        return (
+            f"node {r.node.name} tainted {key} ({what})" if r.node.has_taint(key, effect) else None
+        )
+
     return rule
 
 
@@ -120,15 +126,18 @@ def _maintenance(r: _Reading) -> str | None:
     if not r.node.under_maintenance:
         return None
     shown = [k for k, _ in r.node.taints if k in labels.MAINTENANCE_TAINTS] + [
-        f"{k}={v}" for k, v in labels.MAINTENANCE_LABELS.items() if r.node.labels.get(k) == v]
+        f"{k}={v}" for k, v in labels.MAINTENANCE_LABELS.items() if r.node.labels.get(k) == v
+    ]
     return f"node {r.node.name}: {', '.join(shown)}"
 
 
 # Ordered; the first rule that matches gives the verdict. NONE is the default.
 RULES: tuple[tuple[NodeTrouble, Callable[[_Reading], str | None]], ...] = (
     (NodeTrouble.OUT_OF_SERVICE, _taint(labels.OUT_OF_SERVICE_TAINT, None, "out of service")),
-    (NodeTrouble.UNREACHABLE, _taint(labels.UNREACHABLE_TAINT, labels.NO_EXECUTE,
-                                     "the node controller gave up on it")),
+    (
+        NodeTrouble.UNREACHABLE,
+        _taint(labels.UNREACHABLE_TAINT, labels.NO_EXECUTE, "the node controller gave up on it"),
+    ),
     (NodeTrouble.NOT_READY, _not_ready_past_grace),
     (NodeTrouble.MAINTENANCE, _maintenance),
     (NodeTrouble.TPU_SHORT, _tpu_short_past_grace),
@@ -137,10 +146,14 @@ RULES: tuple[tuple[NodeTrouble, Callable[[_Reading], str | None]], ...] = (
 DEFAULT_VERDICT = Verdict(NodeTrouble.NONE)
 
 
-def judge(node: NodeView | None, *, now: datetime,
-          settings: NodeHealthSettings = DEFAULT_HEALTH,
-          tpu_short_since: Mapping[str, datetime] | None = None,
-          name: str = "") -> Verdict:
+def judge(
+    node: NodeView | None,
+    *,
+    now: datetime,
+    settings: NodeHealthSettings = DEFAULT_HEALTH,
+    tpu_short_since: Mapping[str, datetime] | None = None,
+    name: str = "",
+) -> Verdict:
     """The verdict on `node` at `now`.
 
     `tpu_short_since` is the record of `track_tpu_shortfall`; None means no record is kept,
@@ -158,8 +171,9 @@ def judge(node: NodeView | None, *, now: datetime,
     return DEFAULT_VERDICT
 
 
-def track_tpu_shortfall(previous: Mapping[str, datetime], nodes: Iterable[NodeView], *,
-                        now: datetime) -> dict[str, datetime]:
+def track_tpu_shortfall(
+    previous: Mapping[str, datetime], nodes: Iterable[NodeView], *, now: datetime
+) -> dict[str, datetime]:
     """The next record of when each node's TPU shortfall began.
 
     A node short now keeps its earlier time (or gets `now`); a node that recovered, or that
@@ -168,8 +182,9 @@ def track_tpu_shortfall(previous: Mapping[str, datetime], nodes: Iterable[NodeVi
     return {node.name: previous.get(node.name, now) for node in nodes if node.tpu_degraded}
 
 
-def note_tpu_shortfall(previous: Mapping[str, datetime], name: str, node: NodeView | None, *,
-                       now: datetime) -> Mapping[str, datetime]:
+def note_tpu_shortfall(
+    previous: Mapping[str, datetime], name: str, node: NodeView | None, *, now: datetime
+) -> Mapping[str, datetime]:
     """`track_tpu_shortfall` for one node's change (None: the node is gone): the same record
     when nothing changed, else a new one (a record handed to a plan is never changed)."""
     short = node is not None and node.tpu_degraded

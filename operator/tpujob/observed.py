@@ -100,14 +100,17 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         unschedulable = scheduled.get("message") or scheduled.get("reason") or "unschedulable"
         unschedulable_since = parse_time(scheduled.get("lastTransitionTime"))
     return PodView(
-        name=meta["name"], uid=meta.get("uid", ""),
+        name=meta["name"],
+        uid=meta.get("uid", ""),
         attempt=_int(pod_labels.get(labels.ATTEMPT)) or 0,
         slice=_int(pod_labels.get(labels.SLICE)) or 0,
         worker=_int(pod_labels.get(labels.WORKER)) or 0,
-        node=spec.get("nodeName"), phase=status.get("phase") or "Pending",
+        node=spec.get("nodeName"),
+        phase=status.get("phase") or "Pending",
         created=parse_time(meta.get("creationTimestamp")),
         deleting_since=parse_time(meta.get("deletionTimestamp")),
-        running=running, running_since=running_since,
+        running=running,
+        running_since=running_since,
         exit_code=_int(terminated.get("exitCode")),
         signal=_int(terminated.get("signal")),
         reason=terminated.get("reason"),
@@ -115,8 +118,10 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         started_at=parse_time(terminated.get("startedAt")),
         finished_at=parse_time(terminated.get("finishedAt")),
         disruption_reason=(disruption or {}).get("reason")
-        if (disruption or {}).get("status") == "True" else None,
-        unschedulable_message=unschedulable, unschedulable_since=unschedulable_since,
+        if (disruption or {}).get("status") == "True"
+        else None,
+        unschedulable_message=unschedulable,
+        unschedulable_since=unschedulable_since,
         node_pool=(spec.get("nodeSelector") or {}).get(labels.NODEPOOL),
         unhealthy_devices=unhealthy_devices(status),
     )
@@ -174,13 +179,17 @@ class NodeView:
 
     @property
     def lost(self) -> bool:
-        return self.ready != "True" or self.has_taint(labels.UNREACHABLE_TAINT) or \
-            self.has_taint(labels.OUT_OF_SERVICE_TAINT)
+        return (
+            self.ready != "True"
+            or self.has_taint(labels.UNREACHABLE_TAINT)
+            or self.has_taint(labels.OUT_OF_SERVICE_TAINT)
+        )
 
     @property
     def under_maintenance(self) -> bool:
         return any(self.has_taint(t) for t in labels.MAINTENANCE_TAINTS) or any(
-            self.labels.get(k) == v for k, v in labels.MAINTENANCE_LABELS.items())
+            self.labels.get(k) == v for k, v in labels.MAINTENANCE_LABELS.items()
+        )
 
     @property
     def tpu_degraded(self) -> bool:
@@ -193,9 +202,14 @@ class NodeView:
         return self.labels.get(labels.SCHEDULED_MAINTENANCE_LABEL)
 
     def healthy_for(self, bad_nodes: frozenset[str]) -> bool:
-        return not (self.lost or self.under_maintenance or self.tpu_degraded or
-                    self.unschedulable or self.name in bad_nodes or
-                    self.has_taint(labels.BAD_NODE_TAINT))
+        return not (
+            self.lost
+            or self.under_maintenance
+            or self.tpu_degraded
+            or self.unschedulable
+            or self.name in bad_nodes
+            or self.has_taint(labels.BAD_NODE_TAINT)
+        )
 
 
 def node_view(raw: Mapping[str, Any]) -> NodeView:
@@ -204,12 +218,14 @@ def node_view(raw: Mapping[str, Any]) -> NodeView:
     conditions = {c.get("type"): c for c in _dicts(status.get("conditions"))}
     ready = conditions.get("Ready") or {}
     return NodeView(
-        name=meta["name"], pool=node_labels.get(labels.NODEPOOL),
+        name=meta["name"],
+        pool=node_labels.get(labels.NODEPOOL),
         accelerator=node_labels.get(labels.ACCELERATOR),
         topology=node_labels.get(labels.TOPOLOGY),
         ready=str(ready.get("status", "Unknown")),
-        taints=tuple((str(t.get("key", "")), str(t.get("effect", "")))
-                     for t in _dicts(spec.get("taints"))),
+        taints=tuple(
+            (str(t.get("key", "")), str(t.get("effect", ""))) for t in _dicts(spec.get("taints"))
+        ),
         labels={str(k): str(v) for k, v in node_labels.items()},
         tpu_capacity=_int((status.get("capacity") or {}).get(labels.TPU_RESOURCE)) or 0,
         tpu_allocatable=_int((status.get("allocatable") or {}).get(labels.TPU_RESOURCE)) or 0,
@@ -264,14 +280,11 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         step=_bounded_int(notes.get(contract.HEARTBEAT_STEP), 0, MAX_STEP),
         total_steps=_bounded_int(notes.get(contract.HEARTBEAT_TOTAL_STEPS), 1, MAX_STEP),
         loss=number(contract.HEARTBEAT_LOSS, -math.inf, math.inf),
-        steps_per_second=number(contract.HEARTBEAT_STEPS_PER_SECOND, 0.0,
-                                MAX_STEPS_PER_SECOND),
-        checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0,
-                                     MAX_STEP),
+        steps_per_second=number(contract.HEARTBEAT_STEPS_PER_SECOND, 0.0, MAX_STEPS_PER_SECOND),
+        checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0, MAX_STEP),
         attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
         rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
-        annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict)
-        else {},
+        annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {},
     )
 
 

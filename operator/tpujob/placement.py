@@ -39,8 +39,10 @@ def pools_for(nodes: Iterable[NodeView], accelerator: str, topology: str) -> lis
     for node in nodes:
         if node.pool and node.accelerator == accelerator and node.topology == topology:
             grouped[node.pool].append(node)
-    return [PoolHealth(name, tuple(sorted(members, key=lambda n: n.name)))
-            for name, members in sorted(grouped.items())]
+    return [
+        PoolHealth(name, tuple(sorted(members, key=lambda n: n.name)))
+        for name, members in sorted(grouped.items())
+    ]
 
 
 class PoolRank(IntEnum):
@@ -75,7 +77,8 @@ class PlacementResult:
     def describe(self) -> str:
         """The caveats in one line for the placement Event ("" when there are none)."""
         parts = [str(n) for n in self.notes] + [
-            f"{pool} placed last: {why}" for pool, why in self.deferred]
+            f"{pool} placed last: {why}" for pool, why in self.deferred
+        ]
         return "; ".join(parts)
 
 
@@ -104,12 +107,16 @@ def _maintenance_due(pool: PoolHealth, ctx: _Context) -> str | None:
         start, readable = maintenance_time(node)
         if not readable:
             # An unreadable notice is still a notice: assume it falls within the run.
-            return f"node {node.name} has an unreadable scheduled-maintenance-time " \
-                   f"({node.scheduled_maintenance!r})"
+            return (
+                f"node {node.name} has an unreadable scheduled-maintenance-time "
+                f"({node.scheduled_maintenance!r})"
+            )
         if start is not None and start <= ctx.run_until:
             when = start.strftime("%Y-%m-%dT%H:%MZ")
-            return f"node {node.name} has host maintenance scheduled at {when}, " \
-                   f"within the job's expected run (until {ctx.run_until:%Y-%m-%dT%H:%MZ})"
+            return (
+                f"node {node.name} has host maintenance scheduled at {when}, "
+                f"within the job's expected run (until {ctx.run_until:%Y-%m-%dT%H:%MZ})"
+            )
     return None
 
 
@@ -134,9 +141,14 @@ def rank_pool(pool: PoolHealth, ctx: _Context) -> tuple[PoolRank, str]:
     return rank, detail
 
 
-def expected_end(now: datetime, *, step: int | None, total_steps: int | None,
-                 steps_per_second: float | None,
-                 horizon: timedelta = DEFAULT_RUN_HORIZON) -> datetime:
+def expected_end(
+    now: datetime,
+    *,
+    step: int | None,
+    total_steps: int | None,
+    steps_per_second: float | None,
+    horizon: timedelta = DEFAULT_RUN_HORIZON,
+) -> datetime:
     """When the job should finish at its measured pace, or `now + horizon` without one."""
     if step is None or not total_steps or not steps_per_second or steps_per_second <= 0:
         return now + horizon
@@ -167,9 +179,13 @@ def plan_placement(
     result = dict(keep)
     taken = set(keep.values())
     ranked = sorted(
-        ((rank_pool(p, ctx), p.name) for p in pools_for(nodes, accelerator, topology)
-         if p.name not in taken and p.usable(hosts_per_slice, bad_nodes)),
-        key=lambda item: (item[0][0], item[1]))
+        (
+            (rank_pool(p, ctx), p.name)
+            for p in pools_for(nodes, accelerator, topology)
+            if p.name not in taken and p.usable(hosts_per_slice, bad_nodes)
+        ),
+        key=lambda item: (item[0][0], item[1]),
+    )
     notes: list[PoolNote] = []
     unplaced: list[int] = []
     for index in range(slices):
@@ -182,8 +198,11 @@ def plan_placement(
         result[index] = name
         if rank is PoolRank.MAINTENANCE_DUE:
             notes.append(PoolNote(index, name, rank, detail + "; no better pool was free"))
-    deferred = tuple((name, detail) for (rank, detail), name in ranked
-                     if rank is PoolRank.MAINTENANCE_DUE and len(result) > len(keep))
+    deferred = tuple(
+        (name, detail)
+        for (rank, detail), name in ranked
+        if rank is PoolRank.MAINTENANCE_DUE and len(result) > len(keep)
+    )
     return PlacementResult(result, tuple(notes), tuple(unplaced), deferred)
 
 

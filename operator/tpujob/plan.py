@@ -128,16 +128,22 @@ class Draft:
 
     def timeline(self, kind: str, message: str, at: datetime | None = None) -> None:
         self.status = self.status.with_event(
-            TimelineEvent(time=at or self.now, kind=kind, message=message[:c.MAX_MESSAGE_LENGTH]))
+            TimelineEvent(time=at or self.now, kind=kind, message=message[: c.MAX_MESSAGE_LENGTH])
+        )
 
     def condition(self, kind: str, value: bool, reason: str, message: str = "") -> None:
-        self.status = self.status.with_condition(Condition(
-            type=kind, status=ConditionStatus.TRUE if value else ConditionStatus.FALSE,
-            reason=reason, message=message[:c.MAX_MESSAGE_LENGTH] or None,
-            last_transition_time=self.now))
+        self.status = self.status.with_condition(
+            Condition(
+                type=kind,
+                status=ConditionStatus.TRUE if value else ConditionStatus.FALSE,
+                reason=reason,
+                message=message[: c.MAX_MESSAGE_LENGTH] or None,
+                last_transition_time=self.now,
+            )
+        )
 
     def event(self, kind: str, reason: str, message: str) -> None:
-        self.events.append(EventSpec(kind, reason, message[:c.MAX_MESSAGE_LENGTH], self.now))
+        self.events.append(EventSpec(kind, reason, message[: c.MAX_MESSAGE_LENGTH], self.now))
 
     def requeue(self, seconds: float) -> None:
         self.requeue_after = min(self.requeue_after, max(0.1, seconds))
@@ -145,14 +151,25 @@ class Draft:
     def done(self) -> Plan:
         """The plan; its Events are those journaled by the previous reconcile (told again,
         harmlessly, in case a crash lost them) and this one's, journaled in the status."""
-        resend = tuple(EventSpec(e.type, e.reason, e.message, e.time)
-                       for e in self.status.pending_events)
-        journal = tuple(PendingEvent(type=e.type, reason=e.reason, message=e.message,
-                                     time=e.at or self.now) for e in self.events)
+        resend = tuple(
+            EventSpec(e.type, e.reason, e.message, e.time) for e in self.status.pending_events
+        )
+        journal = tuple(
+            PendingEvent(type=e.type, reason=e.reason, message=e.message, time=e.at or self.now)
+            for e in self.events
+        )
         self.update(pending_events=journal)
-        return Plan(status=self.status, create=tuple(self.create),
-                    delete_pods=tuple(self.delete_pods), fence_attempt=self.fence_attempt,
-                    rejoin_pods=tuple(self.rejoin_pods), mark_nodes=tuple(self.mark_nodes),
-                    events=(*resend, *self.events), requeue_after=self.requeue_after,
-                    delete_job=self.delete_job, diagnosis=self.diagnosis,
-                    recovery_seconds=self.recovery_seconds, ledger_blame=self.ledger_blame)
+        return Plan(
+            status=self.status,
+            create=tuple(self.create),
+            delete_pods=tuple(self.delete_pods),
+            fence_attempt=self.fence_attempt,
+            rejoin_pods=tuple(self.rejoin_pods),
+            mark_nodes=tuple(self.mark_nodes),
+            events=(*resend, *self.events),
+            requeue_after=self.requeue_after,
+            delete_job=self.delete_job,
+            diagnosis=self.diagnosis,
+            recovery_seconds=self.recovery_seconds,
+            ledger_blame=self.ledger_blame,
+        )

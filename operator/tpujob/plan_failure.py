@@ -30,8 +30,9 @@ from tpujob.recovery import Broken, FailJob, Restart, decide
 from tpujob.rollback import Rollback, plan_rollback
 
 
-def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis, *, now: datetime,
-              health: NodeHealthSettings) -> Broken:
+def broken_by(
+    obs: Observed, trouble: Trouble, d: dx.Diagnosis, *, now: datetime, health: NodeHealthSettings
+) -> Broken:
     """Nodes the failure broke, judged with the same debounce as the failure itself: a node
     NotReady for a moment while its worker failed for another reason is not blamed."""
     pods = {p.name: p for p in obs.attempt_pods(obs.job.status.attempt)}
@@ -46,53 +47,96 @@ def broken_by(obs: Observed, trouble: Trouble, d: dx.Diagnosis, *, now: datetime
             slices.add(pod.slice)
             lost.append(pod.node)
             continue
-        verdict = judge(obs.nodes.get(pod.node), now=now, settings=health,
-                        tpu_short_since=obs.tpu_short_since, name=pod.node)
+        verdict = judge(
+            obs.nodes.get(pod.node),
+            now=now,
+            settings=health,
+            tpu_short_since=obs.tpu_short_since,
+            name=pod.node,
+        )
         if not verdict.trouble.failure:
             continue
         slices.add(pod.slice)
         (lost if verdict.trouble.broken else moving).append(pod.node)
-    root = next((w for w in trouble.facts.workers
-                 if d.root_worker is not None and w.worker_index == d.root_worker), None)
-    return Broken(lost_nodes=tuple(sorted(set(lost))), moving_nodes=tuple(sorted(set(moving))),
-                  slices=frozenset(slices), root_node=root.node_name if root else None,
-                  root_slice=root.slice_index if root else None)
+    root = next(
+        (
+            w
+            for w in trouble.facts.workers
+            if d.root_worker is not None and w.worker_index == d.root_worker
+        ),
+        None,
+    )
+    return Broken(
+        lost_nodes=tuple(sorted(set(lost))),
+        moving_nodes=tuple(sorted(set(moving))),
+        slices=frozenset(slices),
+        root_node=root.node_name if root else None,
+        root_slice=root.slice_index if root else None,
+    )
 
 
 def _last_failure(d: dx.Diagnosis, trouble: Trouble, action: str) -> LastFailure:
     root = next((w for w in trouble.facts.workers if w.worker_index == d.root_worker), None)
     if root is None and trouble.facts.workers:
         root = trouble.facts.workers[0]
-    return LastFailure.model_validate({
-        "class": str(d.failure_class), "code": str(d.code), "summary": d.summary[:4000],
-        "chain": [str(link)[:1000] for link in d.chain][: c.MAX_CHAIN],
-        "evidence": [str(e)[:1000] for e in d.evidence][: c.MAX_EVIDENCE],
-        "advice": d.advice or None, "pod": root.pod_name if root else None,
-        "node": (root.node_name or None) if root else None, "time": trouble.seen_at,
-        "action": action[:256]})
+    return LastFailure.model_validate(
+        {
+            "class": str(d.failure_class),
+            "code": str(d.code),
+            "summary": d.summary[:4000],
+            "chain": [str(link)[:1000] for link in d.chain][: c.MAX_CHAIN],
+            "evidence": [str(e)[:1000] for e in d.evidence][: c.MAX_EVIDENCE],
+            "advice": d.advice or None,
+            "pod": root.pod_name if root else None,
+            "node": (root.node_name or None) if root else None,
+            "time": trouble.seen_at,
+            "action": action[:256],
+        }
+    )
 
 
-def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
-                   settings: PlannerSettings) -> None:
+def handle_failure(
+    obs: Observed, draft: Draft, trouble: Trouble, settings: PlannerSettings
+) -> None:
     job = obs.job
     status = job.status
-    history = [dx.PriorFailure(r.signature, r.code, r.step, r.node or "")
-               for r in status.failure_history]
-    d = dx.diagnose_job(trouble.facts, user_rules=user_rules(job.spec.recovery.rules),
-                        history=history, unknown_retry_limit=settings.unknown_retry_limit)
+    history = [
+        dx.PriorFailure(r.signature, r.code, r.step, r.node or "") for r in status.failure_history
+    ]
+    d = dx.diagnose_job(
+        trouble.facts,
+        user_rules=user_rules(job.spec.recovery.rules),
+        history=history,
+        unknown_retry_limit=settings.unknown_retry_limit,
+    )
     if _root_may_still_come(obs, trouble, d, draft, settings):
         return
     broken = broken_by(obs, trouble, d, now=draft.now, health=settings.node_health)
     weighed = weigh_model_guess(grade_leak(d, obs))
     if weighed.failure_class is not d.failure_class:  # the repeat guard gets its say on it
-        weighed = dx.apply_history(weighed, history, node_name=broken.root_node or "",
-                                   unknown_retry_limit=settings.unknown_retry_limit)
-    recalled = recall(weighed, status.failure_history, attempt=status.attempt,
-                      node=broken.root_node, slice_index=broken.root_slice,
-                      progressed=progressed(obs))
+        weighed = dx.apply_history(
+            weighed,
+            history,
+            node_name=broken.root_node or "",
+            unknown_retry_limit=settings.unknown_retry_limit,
+        )
+    recalled = recall(
+        weighed,
+        status.failure_history,
+        attempt=status.attempt,
+        node=broken.root_node,
+        slice_index=broken.root_slice,
+        progressed=progressed(obs),
+    )
     d = recalled.diagnosis
-    shared = weigh_ledger(d, node=broken.root_node, namespace=job.namespace, name=job.name,
-                          blames=obs.node_blames, now=draft.now)
+    shared = weigh_ledger(
+        d,
+        node=broken.root_node,
+        namespace=job.namespace,
+        name=job.name,
+        blames=obs.node_blames,
+        now=draft.now,
+    )
     d, draft.ledger_blame = shared.diagnosis, shared.blame
     own_blame = recalled.blamed_node or _busy_device_node(d, broken)
     marked = shared.blamed_node
@@ -100,31 +144,42 @@ def handle_failure(obs: Observed, draft: Draft, trouble: Trouble,
         marked, own_blame = recalled.blamed_node, None
     if own_blame or marked:
         slices = broken.slices | ({broken.root_slice} if broken.root_slice is not None else set())
-        broken = replace(broken, slices=frozenset(slices),
-                         history_nodes=(marked,) if marked else (),
-                         job_nodes=(own_blame,) if own_blame else ())
-    decision = decide(d, job, broken,
-                      base_collective_timeout=settings.collective_timeout_seconds)
+        broken = replace(
+            broken,
+            slices=frozenset(slices),
+            history_nodes=(marked,) if marked else (),
+            job_nodes=(own_blame,) if own_blame else (),
+        )
+    decision = decide(d, job, broken, base_collective_timeout=settings.collective_timeout_seconds)
     draft.diagnosis = d
-    draft.update(failure_history=(*status.failure_history,
-                                  recalled.record)[-FAILURE_HISTORY_LIMIT:],
-                 attempt_history=ended_attempt(draft.status, obs.heartbeat,
-                                               now=trouble.seen_at, failed=True))
-    draft.timeline("FailureSeen", f"attempt {status.attempt}: pods {', '.join(trouble.pods)}",
-                   at=trouble.seen_at)
+    draft.update(
+        failure_history=(*status.failure_history, recalled.record)[-FAILURE_HISTORY_LIMIT:],
+        attempt_history=ended_attempt(
+            draft.status, obs.heartbeat, now=trouble.seen_at, failed=True
+        ),
+    )
+    draft.timeline(
+        "FailureSeen",
+        f"attempt {status.attempt}: pods {', '.join(trouble.pods)}",
+        at=trouble.seen_at,
+    )
     draft.timeline("Diagnosed", d.headline)
-    draft.event("Warning", "FailureDiagnosed",
-                d.headline + (f" Advice: {d.advice}" if d.advice else ""))
+    draft.event(
+        "Warning", "FailureDiagnosed", d.headline + (f" Advice: {d.advice}" if d.advice else "")
+    )
     keep: frozenset[int] = frozenset()
     if isinstance(decision, Restart):
-        blamed = avoided_nodes(status.failed_nodes, obs.nodes,
-                               job.spec.recovery.bad_node_action) | set(decision.blame_nodes)
-        keep = slices_to_keep(obs, trouble, broken, decision, settings=settings,
-                              bad_nodes=blamed)
+        blamed = avoided_nodes(
+            status.failed_nodes, obs.nodes, job.spec.recovery.bad_node_action
+        ) | set(decision.blame_nodes)
+        keep = slices_to_keep(obs, trouble, broken, decision, settings=settings, bad_nodes=blamed)
     for pod in obs.attempt_pods(status.attempt):
         if not pod.terminal and pod.deleting_since is None and pod.slice not in keep:
-            grace = None if isinstance(decision, Restart) and decision.graceful \
+            grace = (
+                None
+                if isinstance(decision, Restart) and decision.graceful
                 else settings.restart_grace_seconds
+            )
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, grace))
     if isinstance(decision, FailJob):
         _fail(draft, d, trouble, decision)
@@ -156,16 +211,20 @@ def _busy_device_node(d: dx.Diagnosis, broken: Broken) -> str | None:
 PEER_LOST_CODES = frozenset({dx.FailureCode.COLLECTIVE_FAILURE, dx.FailureCode.COLLECTIVE_TIMEOUT})
 
 
-def _root_may_still_come(obs: Observed, trouble: Trouble, d: dx.Diagnosis, draft: Draft,
-                         settings: PlannerSettings) -> bool:
+def _root_may_still_come(
+    obs: Observed, trouble: Trouble, d: dx.Diagnosis, draft: Draft, settings: PlannerSettings
+) -> bool:
     """A consequence ("connection closed by peer") while other workers still run: the dead
     peer's status is usually a moment behind; wait for it briefly instead of blaming the echo."""
     waited = (draft.now - trouble.seen_at).total_seconds()
     echo = d.consequence or d.code in PEER_LOST_CODES
     if not echo or waited >= settings.cascade_settle_seconds:
         return False
-    others = [p for p in obs.attempt_pods(obs.job.status.attempt)
-              if p.name not in trouble.pods and not p.terminal]
+    others = [
+        p
+        for p in obs.attempt_pods(obs.job.status.attempt)
+        if p.name not in trouble.pods and not p.terminal
+    ]
     if not others:
         return False
     draft.requeue(settings.cascade_settle_seconds - waited)
@@ -173,8 +232,11 @@ def _root_may_still_come(obs: Observed, trouble: Trouble, d: dx.Diagnosis, draft
 
 
 def _fail(draft: Draft, d: dx.Diagnosis, trouble: Trouble, decision: FailJob) -> None:
-    draft.update(phase=Phase.FAILED, completion_time=draft.now,
-                 last_failure=_last_failure(d, trouble, "failed the job"))
+    draft.update(
+        phase=Phase.FAILED,
+        completion_time=draft.now,
+        last_failure=_last_failure(d, trouble, "failed the job"),
+    )
     draft.condition(ConditionType.FAILED, True, decision.reason, decision.message)
     draft.condition(ConditionType.RUNNING, False, decision.reason)
     draft.condition(ConditionType.RECOVERING, False, decision.reason)
@@ -182,26 +244,42 @@ def _fail(draft: Draft, d: dx.Diagnosis, trouble: Trouble, decision: FailJob) ->
     draft.event("Warning", decision.reason, decision.message)
 
 
-def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
-             decision: Restart, *, kept: frozenset[int]) -> None:
+def _restart(
+    obs: Observed,
+    draft: Draft,
+    d: dx.Diagnosis,
+    trouble: Trouble,
+    decision: Restart,
+    *,
+    kept: frozenset[int],
+) -> None:
     job, now = obs.job, draft.now
     status = job.status
     node_action = job.spec.recovery.bad_node_action
-    failed = record_blames(status.failed_nodes, blame=decision.blame_nodes,
-                           mark=decision.mark_nodes, nodes=obs.nodes, action=node_action,
-                           code=str(d.code), now=now)
+    failed = record_blames(
+        status.failed_nodes,
+        blame=decision.blame_nodes,
+        mark=decision.mark_nodes,
+        nodes=obs.nodes,
+        action=node_action,
+        code=str(d.code),
+        now=now,
+    )
     bad = avoided_nodes(failed, obs.nodes, node_action)
-    keep = {p.slice: p.node_pool for p in status.current_attempt.placement
-            if p.slice not in decision.move_slices}
+    keep = {
+        p.slice: p.node_pool
+        for p in status.current_attempt.placement
+        if p.slice not in decision.move_slices
+    }
     # A moved slice leaves its pool even when no node there is blamed (a trainer's own hard
     # grade): the pool it left ranks with the busy ones, taken again only if nothing else is.
-    left = frozenset(p.node_pool for p in status.current_attempt.placement
-                     if p.slice in decision.move_slices)
+    left = frozenset(
+        p.node_pool for p in status.current_attempt.placement if p.slice in decision.move_slices
+    )
     pools = choose_pools(obs, keep, bad, draft=draft, avoid=left)
     tpu = job.spec.tpu
     attempt = status.attempt + 1
-    not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds \
-        else None
+    not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds else None
     unplaced = set(range(tpu.slices)) - set(pools)
     advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology) if unplaced else None
     if advice:
@@ -212,22 +290,31 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
         action += "; " + rollback.describe(job.spec.recovery.max_nan_rollbacks)
     budget = job.spec.max_failed_nodes_count()
     draft.update(
-        attempt=attempt, phase=Phase.RECOVERING,
+        attempt=attempt,
+        phase=Phase.RECOVERING,
         restarts=status.restarts.incremented(decision.failure_class),
-        failed_nodes=tuple(failed)[-c.MAX_FAILED_NODES_RECORDED:],
-        failed_node_budget=budget, failed_node_budget_left=max(0, budget - len(failed)),
+        failed_nodes=tuple(failed)[-c.MAX_FAILED_NODES_RECORDED :],
+        failed_node_budget=budget,
+        failed_node_budget_left=max(0, budget - len(failed)),
         last_failure=_last_failure(d, trouble, action),
         nan_rollbacks=rollback.count if rollback else status.nan_rollbacks,
         skip_batches=rollback.windows if rollback else status.skip_batches,
         current_attempt=AttemptStatus(
-            placement=placement(pools), not_before=not_before,
+            placement=placement(pools),
+            not_before=not_before,
             collective_timeout_seconds=decision.collective_timeout_seconds,
-            graceful=decision.graceful, recovering_since=trouble.seen_at,
+            graceful=decision.graceful,
+            recovering_since=trouble.seen_at,
             rollback_step=rollback.resume_step if rollback else None,
-            kept_slices=kept_slices(job, kept)))
+            kept_slices=kept_slices(job, kept),
+        ),
+    )
     for node in decision.mark_nodes:
-        draft.mark_nodes.append(NodeMark(node, job.spec.recovery.bad_node_action,
-                                         f"{job.namespace}/{job.name}: {d.code}"))
+        draft.mark_nodes.append(
+            NodeMark(
+                node, job.spec.recovery.bad_node_action, f"{job.namespace}/{job.name}: {d.code}"
+            )
+        )
     draft.condition(ConditionType.RECOVERING, True, str(d.code), action)
     draft.condition(ConditionType.RUNNING, False, "Recovering", d.headline)
     draft.timeline("Restarting", f"{d.tag} {action}")
@@ -235,22 +322,27 @@ def _restart(obs: Observed, draft: Draft, d: dx.Diagnosis, trouble: Trouble,
     draft.requeue(decision.delay_seconds or 0.5)
 
 
-def _rollback(d: dx.Diagnosis, trouble: Trouble,
-              status: TPUTrainingJobStatus) -> Rollback | None:
+def _rollback(d: dx.Diagnosis, trouble: Trouble, status: TPUTrainingJobStatus) -> Rollback | None:
     """The rollback a non-finite loss calls for: from the trainer's own report of the step
     and of its last committed checkpoint, else the heartbeat's."""
     if d.code is not dx.FailureCode.NAN_LOSS:
         return None
     root = next((w for w in trouble.facts.workers if w.worker_index == d.root_worker), None)
     message = contract.parse_termination_message(root.message) if root else None
-    checkpoint = message.checkpoint_step if message and message.checkpoint_step is not None \
+    checkpoint = (
+        message.checkpoint_step
+        if message and message.checkpoint_step is not None
         else status.checkpoint_step
-    return plan_rollback(nan_step=d.step, checkpoint_step=checkpoint,
-                         windows=status.skip_batches, done=status.nan_rollbacks or 0)
+    )
+    return plan_rollback(
+        nan_step=d.step,
+        checkpoint_step=checkpoint,
+        windows=status.skip_batches,
+        done=status.nan_rollbacks or 0,
+    )
 
 
-def _describe(decision: Restart, pools: dict[int, str], attempt: int,
-              kept: frozenset[int]) -> str:
+def _describe(decision: Restart, pools: dict[int, str], attempt: int, kept: frozenset[int]) -> str:
     parts = [f"attempt {attempt}"]
     if kept:
         parts.append(f"slice {', '.join(str(s) for s in sorted(kept))} kept in place")
@@ -264,8 +356,10 @@ def _describe(decision: Restart, pools: dict[int, str], attempt: int,
     if avoided:
         parts.append(f"node {', '.join(avoided)} avoided by this job")
     if decision.move_slices:
-        moved = ", ".join(f"slice {s} -> {pools.get(s, 'no healthy pool yet')}"
-                          for s in sorted(decision.move_slices))
+        moved = ", ".join(
+            f"slice {s} -> {pools.get(s, 'no healthy pool yet')}"
+            for s in sorted(decision.move_slices)
+        )
         parts.append(moved)
     if decision.graceful:
         parts.append("old pods given their grace period to save")

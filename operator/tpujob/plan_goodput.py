@@ -33,8 +33,9 @@ def _own(beat: Heartbeat | None, attempt: int) -> Heartbeat | None:
     return beat if beat is not None and beat.attempt == attempt else None
 
 
-def ended_attempt(status: TPUTrainingJobStatus, beat: Heartbeat | None, *, now: datetime,
-                  failed: bool) -> tuple[AttemptRecord, ...]:
+def ended_attempt(
+    status: TPUTrainingJobStatus, beat: Heartbeat | None, *, now: datetime, failed: bool
+) -> tuple[AttemptRecord, ...]:
     """The history with the current attempt appended as ended `now` (unchanged when it never
     launched: an attempt whose pods were never created took no time of its own)."""
     start, current = status.start_time, status.current_attempt
@@ -43,30 +44,40 @@ def ended_attempt(status: TPUTrainingJobStatus, beat: Heartbeat | None, *, now: 
         return status.attempt_history
     own = _own(beat, status.attempt)
     record = AttemptRecord(
-        attempt=status.attempt, launched=launched,
+        attempt=status.attempt,
+        launched=launched,
         first_heartbeat=_since(start, current.first_heartbeat_time),
-        first_step=current.resumed_step, restored_step=current.restored_step,
-        ended=max(launched, _since(start, now) or 0.0), failed=failed,
+        first_step=current.resumed_step,
+        restored_step=current.restored_step,
+        ended=max(launched, _since(start, now) or 0.0),
+        failed=failed,
         last_step=own.step if own else None,
         steps_per_second=own.steps_per_second if own else None,
         input_bound_fraction=_input_bound(beat, status.attempt),
-        checkpoint_step=status.checkpoint_step)
+        checkpoint_step=status.checkpoint_step,
+    )
     kept = [r for r in status.attempt_history if r.attempt != status.attempt]
     return (*kept, record)[-ATTEMPT_HISTORY_LIMIT:]
 
 
 def _facts(record: AttemptRecord) -> AttemptFacts:
     return AttemptFacts(
-        launched_at=record.launched, first_heartbeat_at=record.first_heartbeat,
-        first_step=record.first_step, restored_step=record.restored_step,
-        ended_at=record.ended, failed=record.failed, last_step=record.last_step,
+        launched_at=record.launched,
+        first_heartbeat_at=record.first_heartbeat,
+        first_step=record.first_step,
+        restored_step=record.restored_step,
+        ended_at=record.ended,
+        failed=record.failed,
+        last_step=record.last_step,
         steps_per_second=record.steps_per_second,
         input_bound_fraction=record.input_bound_fraction,
-        checkpoint_step=record.checkpoint_step)
+        checkpoint_step=record.checkpoint_step,
+    )
 
 
-def _current_facts(status: TPUTrainingJobStatus, beat: Heartbeat | None,
-                   start: datetime) -> AttemptFacts | None:
+def _current_facts(
+    status: TPUTrainingJobStatus, beat: Heartbeat | None, start: datetime
+) -> AttemptFacts | None:
     current: AttemptStatus = status.current_attempt
     launched = _since(start, current.launched_time)
     ended = any(r.attempt == status.attempt for r in status.attempt_history)
@@ -74,15 +85,19 @@ def _current_facts(status: TPUTrainingJobStatus, beat: Heartbeat | None,
         return None
     own = _own(beat, status.attempt)
     return AttemptFacts(
-        launched_at=launched, first_heartbeat_at=_since(start, current.first_heartbeat_time),
-        first_step=current.resumed_step, restored_step=current.restored_step,
+        launched_at=launched,
+        first_heartbeat_at=_since(start, current.first_heartbeat_time),
+        first_step=current.resumed_step,
+        restored_step=current.restored_step,
         last_step=own.step if own else None,
         steps_per_second=own.steps_per_second if own else None,
-        input_bound_fraction=_input_bound(beat, status.attempt))
+        input_bound_fraction=_input_bound(beat, status.attempt),
+    )
 
 
-def breakdown(status: TPUTrainingJobStatus, beat: Heartbeat | None, *,
-              now: datetime) -> GoodputBreakdown | None:
+def breakdown(
+    status: TPUTrainingJobStatus, beat: Heartbeat | None, *, now: datetime
+) -> GoodputBreakdown | None:
     """The job's wall time by category, up to `now` or its completion."""
     start = status.start_time
     if start is None:
@@ -97,9 +112,13 @@ def breakdown(status: TPUTrainingJobStatus, beat: Heartbeat | None, *,
     return GoodputBreakdown(
         wall_seconds=round(result.wall_ms / 1000, 3),
         productive=seconds[GoodputCategory.PRODUCTIVE],
-        startup=seconds[GoodputCategory.STARTUP], restore=seconds[GoodputCategory.RESTORE],
-        redone=seconds[GoodputCategory.REDONE], data_wait=seconds[GoodputCategory.DATA_WAIT],
-        downtime=seconds[GoodputCategory.DOWNTIME], other=seconds[GoodputCategory.OTHER])
+        startup=seconds[GoodputCategory.STARTUP],
+        restore=seconds[GoodputCategory.RESTORE],
+        redone=seconds[GoodputCategory.REDONE],
+        data_wait=seconds[GoodputCategory.DATA_WAIT],
+        downtime=seconds[GoodputCategory.DOWNTIME],
+        other=seconds[GoodputCategory.OTHER],
+    )
 
 
 def goodput_of(parts: GoodputBreakdown | None) -> float | None:

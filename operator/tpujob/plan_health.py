@@ -33,9 +33,11 @@ CONDITION_OF = {
 
 
 def _finding(verdicts: HealthVerdicts, check: HealthCheck) -> tuple[str, str] | None:
-    found = {HealthCheck.INPUT_BOUND: verdicts.input_bound,
-             HealthCheck.STRAGGLER: verdicts.straggler,
-             HealthCheck.HOST_MEMORY_GROWING: verdicts.host_memory_growing}[check]
+    found = {
+        HealthCheck.INPUT_BOUND: verdicts.input_bound,
+        HealthCheck.STRAGGLER: verdicts.straggler,
+        HealthCheck.HOST_MEMORY_GROWING: verdicts.host_memory_growing,
+    }[check]
     return (str(found.reason), found.message) if found is not None else None
 
 
@@ -53,15 +55,28 @@ def watch_training_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...]
     before = tuple(MemorySample(s.time, s.rss_bytes, s.step) for s in current.memory_samples)
     samples = next_memory_samples(before, seen, report)
     if samples != before:
-        draft.update(current_attempt=current.model_copy(update={"memory_samples": tuple(
-            MemorySampleStatus(time=round(s.time_seconds, 3), rss_bytes=s.max_rss_bytes,
-                               step=s.step) for s in samples)}))
+        draft.update(
+            current_attempt=current.model_copy(
+                update={
+                    "memory_samples": tuple(
+                        MemorySampleStatus(
+                            time=round(s.time_seconds, 3), rss_bytes=s.max_rss_bytes, step=s.step
+                        )
+                        for s in samples
+                    )
+                }
+            )
+        )
     resources = job.spec.trainer.resources
     # The spec's memory is each worker's request and limit: what the OOM kill is projected to.
     limit = quantity_bytes(resources.memory) if resources is not None else None
-    verdicts = assess(report, memory_samples=samples, memory_limit_bytes=limit, now_seconds=now,
-                      pods_by_process={p.slice * hosts + p.worker: (p.name, p.node or "")
-                                       for p in pods})
+    verdicts = assess(
+        report,
+        memory_samples=samples,
+        memory_limit_bytes=limit,
+        now_seconds=now,
+        pods_by_process={p.slice * hosts + p.worker: (p.name, p.node or "") for p in pods},
+    )
     for check in sorted(verdicts.assessed):
         kind, found = CONDITION_OF[check], _finding(verdicts, check)
         was = draft.status.condition(kind)
@@ -80,17 +95,29 @@ def grade_leak(d: dx.Diagnosis, obs: Observed) -> dx.Diagnosis:
     """A host OOM kill that HostMemoryGrowing warned of is a leak: the first is retried (the
     process starts small again), the same leak again fails the job with the evidence."""
     warned = obs.job.status.condition(ConditionType.HOST_MEMORY_GROWING)
-    if d.code is not dx.FailureCode.HOST_OOM or warned is None or \
-            warned.status != ConditionStatus.TRUE:
+    if (
+        d.code is not dx.FailureCode.HOST_OOM
+        or warned is None
+        or warned.status != ConditionStatus.TRUE
+    ):
         return d
     evidence = dx.Evidence(dx.Source.HEARTBEAT, f"predicted: {warned.message}")
-    leaked_before = any(r.code == str(dx.FailureCode.HOST_OOM) and "leak" in (r.signature or "")
-                        for r in obs.job.status.failure_history)
+    leaked_before = any(
+        r.code == str(dx.FailureCode.HOST_OOM) and "leak" in (r.signature or "")
+        for r in obs.job.status.failure_history
+    )
     if leaked_before:
-        return replace(d, failure_class=dx.FailureClass.FATAL,
-                       summary=f"{d.summary}: host memory leaks, killed again as predicted",
-                       evidence=(*d.evidence, evidence),
-                       advice="find what keeps growing in the training process (caches of "
-                              "batches or compiled functions, metrics kept per step)")
-    return replace(d, summary=f"{d.summary}: a leak, as HostMemoryGrowing predicted",
-                   evidence=(*d.evidence, evidence), signature=f"{d.signature}:leak")
+        return replace(
+            d,
+            failure_class=dx.FailureClass.FATAL,
+            summary=f"{d.summary}: host memory leaks, killed again as predicted",
+            evidence=(*d.evidence, evidence),
+            advice="find what keeps growing in the training process (caches of "
+            "batches or compiled functions, metrics kept per step)",
+        )
+    return replace(
+        d,
+        summary=f"{d.summary}: a leak, as HostMemoryGrowing predicted",
+        evidence=(*d.evidence, evidence),
+        signature=f"{d.signature}:leak",
+    )

@@ -39,21 +39,35 @@ def _tenant(job: str) -> str:
     return job.split("/", 1)[0]
 
 
-def weigh_ledger(d: dx.Diagnosis, *, node: str | None, namespace: str, name: str,
-                 blames: Sequence[tuple[str, str, float]], now: datetime) -> LedgerOutcome:
+def weigh_ledger(
+    d: dx.Diagnosis,
+    *,
+    node: str | None,
+    namespace: str,
+    name: str,
+    blames: Sequence[tuple[str, str, float]],
+    now: datetime,
+) -> LedgerOutcome:
     """Add this failure's soft blame of `node`; hard when another tenant blamed it lately."""
     trusted = not any(e.source is dx.Source.USER_RULE for e in d.evidence)
-    if d.failure_class is not dx.FailureClass.SOFT or not node or not trusted or \
-            d.code in EXTERNAL_CODES:  # caused from outside, or killed by someone: not the host
+    if (
+        d.failure_class is not dx.FailureClass.SOFT
+        or not node
+        or not trusted
+        or d.code in EXTERNAL_CODES
+    ):  # caused from outside, or killed by someone: not the host
         return LedgerOutcome(d)
     blame = Blame(node=node, job=ledger_job(namespace, name), at=now.timestamp())
-    others = NodeLedger(tuple(Blame(n, j, at) for n, j, at in blames
-                              if _tenant(j) != namespace))
+    others = NodeLedger(tuple(Blame(n, j, at) for n, j, at in blames if _tenant(j) != namespace))
     _, verdict = record_blame(others, blame, now=blame.at)
     if verdict.failure_class is not dx.FailureClass.HARD or verdict.blamed_node is None:
         return LedgerOutcome(d, blame)
     evidence = verdict.evidence.replace("different jobs", "jobs of different namespaces")
-    hard = replace(d, failure_class=dx.FailureClass.HARD,
-                   summary=f"{d.summary} ({evidence})", advice=LEDGER_ADVICE,
-                   evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, evidence)))
+    hard = replace(
+        d,
+        failure_class=dx.FailureClass.HARD,
+        summary=f"{d.summary} ({evidence})",
+        advice=LEDGER_ADVICE,
+        evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, evidence)),
+    )
     return LedgerOutcome(hard, blame, verdict.blamed_node)

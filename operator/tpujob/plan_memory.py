@@ -30,9 +30,9 @@ OWN_POLICY = OWN_BUDGET_CODES
 
 ESCALATION_ADVICE = {
     Escalation.ACROSS_NODES: "the same failure recurs wherever the job runs, so it is the "
-                             "program or its configuration: fix the cause in the evidence",
+    "program or its configuration: fix the cause in the evidence",
     Escalation.GIVE_UP: "the failure did not clear after restarts and backoffs; read the "
-                        "worker logs",
+    "worker logs",
 }
 
 
@@ -47,15 +47,22 @@ class Recalled:
 
 def weigh_model_guess(d: dx.Diagnosis) -> dx.Diagnosis:
     """A low-confidence model verdict of fatal or hard becomes the unknown default (medium)."""
-    if d.probability is None or d.confidence is not dx.Confidence.LOW or \
-            d.failure_class not in (dx.FailureClass.FATAL, dx.FailureClass.HARD):
+    if (
+        d.probability is None
+        or d.confidence is not dx.Confidence.LOW
+        or d.failure_class not in (dx.FailureClass.FATAL, dx.FailureClass.HARD)
+    ):
         return d
     return replace(
-        d, failure_class=dx.FailureClass.MEDIUM,
+        d,
+        failure_class=dx.FailureClass.MEDIUM,
         summary=f"{d.summary}; too weak a guess to act on: restarted once, a repeat decides",
         action=DEFAULT_ACTIONS[dx.FailureClass.MEDIUM],
-        evidence=(*d.evidence, dx.Evidence(dx.Source.MODEL, f"model probability "
-                                                            f"{d.probability:.2f}")))
+        evidence=(
+            *d.evidence,
+            dx.Evidence(dx.Source.MODEL, f"model probability {d.probability:.2f}"),
+        ),
+    )
 
 
 def _past(record: FailureRecord) -> PastFailure | None:
@@ -66,30 +73,60 @@ def _past(record: FailureRecord) -> PastFailure | None:
         cls = dx.FailureClass(record.failure_class)
     except ValueError:
         return None
-    return PastFailure(attempt=record.attempt, node=record.node or "",
-                       slice_index=record.slice, signature=record.memory_signature,
-                       code=code, failure_class=cls, progressed=bool(record.progressed))
+    return PastFailure(
+        attempt=record.attempt,
+        node=record.node or "",
+        slice_index=record.slice,
+        signature=record.memory_signature,
+        code=code,
+        failure_class=cls,
+        progressed=bool(record.progressed),
+    )
 
 
-def recall(d: dx.Diagnosis, history: Sequence[FailureRecord], *, attempt: int,
-           node: str | None, slice_index: int | None, progressed: bool) -> Recalled:
+def recall(
+    d: dx.Diagnosis,
+    history: Sequence[FailureRecord],
+    *,
+    attempt: int,
+    node: str | None,
+    slice_index: int | None,
+    progressed: bool,
+) -> Recalled:
     """Grade `d` by the job's history; `history` excludes the current failure."""
     signature = failure_signature(d.code, d.summary)
-    current = PastFailure(attempt=attempt, node=node or "", slice_index=slice_index,
-                          signature=signature, code=d.code, failure_class=d.failure_class,
-                          progressed=progressed)
+    current = PastFailure(
+        attempt=attempt,
+        node=node or "",
+        slice_index=slice_index,
+        signature=signature,
+        code=d.code,
+        failure_class=d.failure_class,
+        progressed=progressed,
+    )
     past = [p for p in (_past(r) for r in history) if p is not None]
     verdict = judge([*past, current])
     blamed = None
     if verdict.escalation is not Escalation.NONE and d.code not in OWN_POLICY:
         d = replace(
-            d, failure_class=verdict.failure_class,
+            d,
+            failure_class=verdict.failure_class,
             summary=f"{d.summary} ({verdict.evidence})",
             evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, verdict.evidence)),
-            advice=ESCALATION_ADVICE.get(verdict.escalation, d.advice))
+            advice=ESCALATION_ADVICE.get(verdict.escalation, d.advice),
+        )
         blamed = verdict.blamed_node
-    record = FailureRecord.model_validate({
-        "signature": d.signature[:256], "code": str(d.code), "step": d.step, "node": node,
-        "attempt": attempt, "slice": slice_index, "class": str(d.failure_class),
-        "memorySignature": signature, "progressed": progressed})
+    record = FailureRecord.model_validate(
+        {
+            "signature": d.signature[:256],
+            "code": str(d.code),
+            "step": d.step,
+            "node": node,
+            "attempt": attempt,
+            "slice": slice_index,
+            "class": str(d.failure_class),
+            "memorySignature": signature,
+            "progressed": progressed,
+        }
+    )
     return Recalled(d, blamed, record)

@@ -7,8 +7,14 @@ from tpujob.placement import expected_end, plan_placement
 from tpujob.plan import Draft
 
 
-def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str], *,
-                 draft: Draft, avoid: frozenset[str] = frozenset()) -> dict[int, str]:
+def choose_pools(
+    obs: Observed,
+    keep: dict[int, str],
+    bad: frozenset[str],
+    *,
+    draft: Draft,
+    avoid: frozenset[str] = frozenset(),
+) -> dict[int, str]:
     """Pools for every slice (`keep` stays); a caveat, such as a pool taken although host
     maintenance is due there within the expected run, goes to the timeline and an Event.
 
@@ -25,12 +31,22 @@ def choose_pools(obs: Observed, keep: dict[int, str], bad: frozenset[str], *,
     kept = set(keep.values())
     nodes = [n for n in obs.nodes.values() if n.pool in kept or n.pool not in obs.busy_pools]
     result = plan_placement(
-        slices=tpu.slices, hosts_per_slice=tpu.hosts_per_slice, accelerator=tpu.accelerator,
-        topology=tpu.topology, nodes=nodes, keep=keep, bad_nodes=bad,
-        busy_pools=avoid, now=draft.now,
-        run_until=expected_end(draft.now, step=progress.step if progress else None,
-                               total_steps=obs.job.spec.trainer.total_steps,
-                               steps_per_second=progress.steps_per_second if progress else None))
+        slices=tpu.slices,
+        hosts_per_slice=tpu.hosts_per_slice,
+        accelerator=tpu.accelerator,
+        topology=tpu.topology,
+        nodes=nodes,
+        keep=keep,
+        bad_nodes=bad,
+        busy_pools=avoid,
+        now=draft.now,
+        run_until=expected_end(
+            draft.now,
+            step=progress.step if progress else None,
+            total_steps=obs.job.spec.trainer.total_steps,
+            steps_per_second=progress.steps_per_second if progress else None,
+        ),
+    )
     if note := result.describe():
         draft.timeline("Placement", note)
         draft.event("Normal", "Placement", note)

@@ -34,8 +34,9 @@ KEEPABLE = frozenset({FailureClass.SOFT, FailureClass.HARD})
 COORDINATOR_SLICE = 0
 
 
-def failing_slices(obs: Observed, trouble: Trouble, broken: Broken,
-                   decision: Restart) -> frozenset[int]:
+def failing_slices(
+    obs: Observed, trouble: Trouble, broken: Broken, decision: Restart
+) -> frozenset[int]:
     """The slices the failure concerns: its failed pods', its broken nodes', its root's and
     those it moves."""
     by_name = {p.name: p.slice for p in obs.pods}
@@ -46,8 +47,15 @@ def failing_slices(obs: Observed, trouble: Trouble, broken: Broken,
     return frozenset(slices)
 
 
-def slices_to_keep(obs: Observed, trouble: Trouble, broken: Broken, decision: Restart, *,
-                   settings: PlannerSettings, bad_nodes: frozenset[str]) -> frozenset[int]:
+def slices_to_keep(
+    obs: Observed,
+    trouble: Trouble,
+    broken: Broken,
+    decision: Restart,
+    *,
+    settings: PlannerSettings,
+    bad_nodes: frozenset[str],
+) -> frozenset[int]:
     """The slices the next attempt keeps in place (see the module's note); empty: none."""
     job = obs.job
     tpu, current = job.spec.tpu, job.status.current_attempt
@@ -72,24 +80,33 @@ def slices_to_keep(obs: Observed, trouble: Trouble, broken: Broken, decision: Re
 
 
 def _keepable(pod: PodView, bad_nodes: frozenset[str]) -> bool:
-    return pod.running and not pod.terminal and pod.deleting_since is None and \
-        pod.node is not None and pod.node not in bad_nodes
+    return (
+        pod.running
+        and not pod.terminal
+        and pod.deleting_since is None
+        and pod.node is not None
+        and pod.node not in bad_nodes
+    )
 
 
 def kept_slices(job: TPUTrainingJob, keep: frozenset[int]) -> tuple[KeptSlice, ...]:
     """`keep` as the next attempt records it: each slice with the attempt its pods' names
     carry (a slice kept twice keeps the names of the attempt that created its pods)."""
     before = {k.slice: k.pods_attempt for k in job.status.current_attempt.kept_slices}
-    return tuple(KeptSlice(slice=s, pods_attempt=before.get(s, job.status.attempt))
-                 for s in sorted(keep))
+    return tuple(
+        KeptSlice(slice=s, pods_attempt=before.get(s, job.status.attempt)) for s in sorted(keep)
+    )
 
 
 def kept_pods(obs: Observed, kept: Mapping[int, int]) -> dict[tuple[int, int], PodView]:
     """The pods of the `kept` slices (slice -> the attempt their names carry) by (slice,
     worker), as they are now."""
     job = obs.job
-    names = {pod_name(job.name, attempt, s, w): (s, w) for s, attempt in kept.items()
-             for w in range(job.spec.tpu.hosts_per_slice)}
+    names = {
+        pod_name(job.name, attempt, s, w): (s, w)
+        for s, attempt in kept.items()
+        for w in range(job.spec.tpu.hosts_per_slice)
+    }
     return {names[p.name]: p for p in obs.pods if p.name in names}
 
 
@@ -104,14 +121,21 @@ def abandon_if_broken(obs: Observed, draft: Draft) -> bool:
     if any(pod.attempt == obs.job.status.attempt for pod in found.values()):
         return False
     hosts = obs.job.spec.tpu.hosts_per_slice
-    lost = [f"slice {k.slice} worker {w}" for k in current.kept_slices for w in range(hosts)
-            if (pod := found.get((k.slice, w))) is None or pod.terminal or
-            pod.deleting_since is not None]
+    lost = [
+        f"slice {k.slice} worker {w}"
+        for k in current.kept_slices
+        for w in range(hosts)
+        if (pod := found.get((k.slice, w))) is None
+        or pod.terminal
+        or pod.deleting_since is not None
+    ]
     if not lost:
         return False
     draft.update(current_attempt=current.model_copy(update={"kept_slices": ()}))
-    draft.timeline("SliceRestartAbandoned",
-                   f"{', '.join(lost)} of a kept slice ended first: every pod is replaced")
+    draft.timeline(
+        "SliceRestartAbandoned",
+        f"{', '.join(lost)} of a kept slice ended first: every pod is replaced",
+    )
     return True
 
 
@@ -125,6 +149,9 @@ def rejoin(obs: Observed, draft: Draft, settings: AttemptSettings) -> None:
 
 def is_kept(current: AttemptStatus, pod: PodView, job_name: str, hosts: int) -> bool:
     """Whether `pod` is one the current attempt keeps (by its name)."""
-    return any(pod.slice == k.slice and pod.name == pod_name(job_name, k.pods_attempt,
-                                                             k.slice, pod.worker)
-               and pod.worker < hosts for k in current.kept_slices)
+    return any(
+        pod.slice == k.slice
+        and pod.name == pod_name(job_name, k.pods_attempt, k.slice, pod.worker)
+        and pod.worker < hosts
+        for k in current.kept_slices
+    )

@@ -11,13 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from tpujob import labels, manifests
-from tpujob.api import (
-    BadNodeAction,
-    ConditionStatus,
-    ConditionType,
-    Phase,
-    Progress,
-)
+from tpujob.api import BadNodeAction, ConditionStatus, ConditionType, Phase, Progress
 from tpujob.api.attempt import AttemptStatus
 from tpujob.failed_nodes import avoided_nodes, repaired
 from tpujob.failure_facts import find_trouble
@@ -80,8 +74,9 @@ def _shape_offered(obs: Observed, draft: Draft) -> None:
         return
     offered = check.level is FindingLevel.OK
     before = obs.job.status.condition(ConditionType.SHAPE_OFFERED)
-    draft.condition(ConditionType.SHAPE_OFFERED, offered, "Offered" if offered else "NotOffered",
-                    check.message)
+    draft.condition(
+        ConditionType.SHAPE_OFFERED, offered, "Offered" if offered else "NotOffered", check.message
+    )
     if not offered and (before is None or before.status != ConditionStatus.FALSE):
         draft.event("Warning", "ShapeNotOffered", check.message)
 
@@ -100,44 +95,61 @@ def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
     for failed in draft.status.failed_nodes:
         node = obs.nodes.get(failed.name)
         # A node recreated before its mark was seen is a new VM: the mark was for the old one.
-        if failed.marked or failed.job_only or node is None or action is BadNodeAction.NONE \
-                or repaired(failed, node, action):
+        if (
+            failed.marked
+            or failed.job_only
+            or node is None
+            or action is BadNodeAction.NONE
+            or repaired(failed, node, action)
+        ):
             updated.append(failed)
             continue
-        if (node.unschedulable if action is BadNodeAction.CORDON
-                else node.has_taint(labels.BAD_NODE_TAINT)):
+        if (
+            node.unschedulable
+            if action is BadNodeAction.CORDON
+            else node.has_taint(labels.BAD_NODE_TAINT)
+        ):
             updated.append(failed.model_copy(update={"marked": True}))
             changed = True
             continue
         updated.append(failed)
         if failed.name not in planned:
-            draft.mark_nodes.append(NodeMark(failed.name, action, f"{obs.job.namespace}/"
-                                             f"{obs.job.name}: {failed.code or 'hard failure'}"))
+            draft.mark_nodes.append(
+                NodeMark(
+                    failed.name,
+                    action,
+                    f"{obs.job.namespace}/{obs.job.name}: {failed.code or 'hard failure'}",
+                )
+            )
     if changed:
         draft.update(failed_nodes=tuple(updated))
 
 
 def bad_nodes(obs: Observed) -> frozenset[str]:
     """The job's failed nodes it still avoids (`tpujob.failed_nodes`)."""
-    return avoided_nodes(obs.job.status.failed_nodes, obs.nodes,
-                         obs.job.spec.recovery.bad_node_action)
+    return avoided_nodes(
+        obs.job.status.failed_nodes, obs.nodes, obs.job.spec.recovery.bad_node_action
+    )
 
 
 def _new_attempt_after_start_or_resume(obs: Observed, draft: Draft) -> None:
     job, now = obs.job, draft.now
     resuming = job.status.phase is Phase.SUSPENDED
-    pools = choose_pools(obs, pools_of(job.status.current_attempt) if resuming else {},
-                         bad_nodes(obs), draft=draft)
+    pools = choose_pools(
+        obs, pools_of(job.status.current_attempt) if resuming else {}, bad_nodes(obs), draft=draft
+    )
     attempt = job.status.attempt + 1
-    draft.update(attempt=attempt, phase=Phase.STARTING,
-                 start_time=job.status.start_time or now,
-                 failed_node_budget=job.spec.max_failed_nodes_count(),
-                 failed_node_budget_left=job.spec.max_failed_nodes_count()
-                 - len(job.status.failed_nodes),
-                 current_attempt=AttemptStatus(
-                     placement=placement(pools),
-                     collective_timeout_seconds=job.status.current_attempt
-                     .collective_timeout_seconds))
+    draft.update(
+        attempt=attempt,
+        phase=Phase.STARTING,
+        start_time=job.status.start_time or now,
+        failed_node_budget=job.spec.max_failed_nodes_count(),
+        failed_node_budget_left=job.spec.max_failed_nodes_count() - len(job.status.failed_nodes),
+        current_attempt=AttemptStatus(
+            placement=placement(pools),
+            collective_timeout_seconds=job.status.current_attempt.collective_timeout_seconds,
+        ),
+    )
     draft.condition(ConditionType.SUSPENDED, False, "Resumed" if resuming else "NotSuspended")
     draft.timeline("Resumed" if resuming else "Started", f"attempt {attempt} planned")
     draft.requeue(0.1)
@@ -148,8 +160,10 @@ def _suspend(obs: Observed, draft: Draft) -> None:
         if not pod.terminal and pod.deleting_since is None:
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, None))
     if obs.job.status.phase is not Phase.SUSPENDED:
-        draft.update(phase=Phase.SUSPENDED, current_attempt=AttemptStatus(
-            placement=obs.job.status.current_attempt.placement))
+        draft.update(
+            phase=Phase.SUSPENDED,
+            current_attempt=AttemptStatus(placement=obs.job.status.current_attempt.placement),
+        )
         draft.condition(ConditionType.SUSPENDED, True, "Suspended", "spec.suspend is true")
         draft.condition(ConditionType.RUNNING, False, "Suspended")
         draft.timeline("Suspended", "pods stopped; the status is kept")
@@ -159,8 +173,7 @@ def _suspend(obs: Observed, draft: Draft) -> None:
 def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     for pod in obs.pods:
         if not pod.terminal and pod.deleting_since is None:
-            draft.delete_pods.append(PodDeletion(pod.name, pod.uid,
-                                                 settings.restart_grace_seconds))
+            draft.delete_pods.append(PodDeletion(pod.name, pod.uid, settings.restart_grace_seconds))
     ttl = obs.job.spec.ttl_seconds_after_finished
     done = obs.job.status.completion_time
     if ttl is not None and done is not None:
@@ -169,7 +182,6 @@ def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
             draft.delete_job = True
         else:
             draft.requeue(left)
-
 
 
 def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> list[PodView]:
@@ -182,8 +194,11 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
     for pod in obs.pods:
         if pod.attempt == attempt:
             continue
-        if is_kept(current, pod, obs.job.name, hosts) and not pod.terminal and \
-                pod.deleting_since is None:
+        if (
+            is_kept(current, pod, obs.job.name, hosts)
+            and not pod.terminal
+            and pod.deleting_since is None
+        ):
             continue  # it rejoins this attempt in place
         node = obs.nodes.get(pod.node) if pod.node else None
         node_gone = pod.node is not None and (node is None or node.lost)
@@ -191,36 +206,42 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
             grace = None if graceful and not pod.terminal else settings.restart_grace_seconds
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, 0 if pod.terminal else grace))
         elif (draft.now - pod.deleting_since).total_seconds() > (
-                settings.force_delete_after_seconds if node_gone
-                else settings.force_delete_after_seconds + manifests.DEFAULT_GRACE_SECONDS):
+            settings.force_delete_after_seconds
+            if node_gone
+            else settings.force_delete_after_seconds + manifests.DEFAULT_GRACE_SECONDS
+        ):
             # Stuck Terminating: its kubelet is gone (or never answers). Free the name and
             # the chips instead of waiting for pod garbage collection.
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, 0))
             told = f"pod {pod.name} was stuck terminating on {pod.node or 'no node'}"
             # The cache may show the pod again before the force delete lands: say it once.
-            if not any(e.kind == "ForceDeleted" and e.message == told
-                       for e in draft.status.timeline):
+            if not any(
+                e.kind == "ForceDeleted" and e.message == told for e in draft.status.timeline
+            ):
                 draft.timeline("ForceDeleted", told)
         if not pod.terminal and not node_gone:
             blocking.append(pod)
     return blocking
 
 
-def attempt_settings(obs: Observed, current: AttemptStatus, pools: dict[int, str],
-                     planner: PlannerSettings) -> manifests.AttemptSettings:
+def attempt_settings(
+    obs: Observed, current: AttemptStatus, pools: dict[int, str], planner: PlannerSettings
+) -> manifests.AttemptSettings:
     """How the current attempt's pods are wired, the same at launch and when one is re-created."""
     job = obs.job
     return manifests.AttemptSettings(
-        attempt=job.status.attempt, pools=pools, bad_nodes=bad_nodes(obs),
+        attempt=job.status.attempt,
+        pools=pools,
+        bad_nodes=bad_nodes(obs),
         collective_timeout_seconds=current.collective_timeout_seconds
         or planner.collective_timeout_seconds,
         rollback_step=current.rollback_step,
         skip_batches=job.status.skip_batches,
-        kept={k.slice: k.pods_attempt for k in current.kept_slices})
+        kept={k.slice: k.pods_attempt for k in current.kept_slices},
+    )
 
 
-def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
-            planner: PlannerSettings) -> None:
+def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: PlannerSettings) -> None:
     job, now = obs.job, draft.now
     current = draft.status.current_attempt  # what it keeps may have been given up just now
     if current.not_before is not None and now < current.not_before:
@@ -231,8 +252,11 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
     rejoin(obs, draft, attempt_settings(obs, current, pools_of(current), planner))
     if draft.rejoin_pods:
         draft.fence_attempt = job.status.attempt
-        draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
-                         *manifests.heartbeat_rbac(job)]
+        draft.create += [
+            manifests.headless_service(job),
+            manifests.heartbeat_lease(job),
+            *manifests.heartbeat_rbac(job),
+        ]
     if blocking:
         draft.requeue(1.0)
         return
@@ -242,24 +266,39 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView],
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
         tpu = job.spec.tpu
         advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology)
-        draft.condition(ConditionType.RUNNING, False, "WaitingForPool",
-                        f"{tpu.slices - len(pools)} of {tpu.slices} slices have no free "
-                        f"{tpu.accelerator} {tpu.topology} pool" + (f"; {advice}" if advice
-                                                                      else ""))
+        draft.condition(
+            ConditionType.RUNNING,
+            False,
+            "WaitingForPool",
+            f"{tpu.slices - len(pools)} of {tpu.slices} slices have no free "
+            f"{tpu.accelerator} {tpu.topology} pool" + (f"; {advice}" if advice else ""),
+        )
         draft.requeue(WAIT_FOR_POOL_SECONDS)
         return
     settings = attempt_settings(obs, current, pools, planner)
     draft.fence_attempt = job.status.attempt
     if not draft.rejoin_pods:
-        draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
-                         *manifests.heartbeat_rbac(job)]
+        draft.create += [
+            manifests.headless_service(job),
+            manifests.heartbeat_lease(job),
+            *manifests.heartbeat_rbac(job),
+        ]
     draft.create += manifests.attempt_pods(job, settings)
-    restored = current.rollback_step if current.rollback_step is not None else \
-        job.status.checkpoint_step
-    draft.update(current_attempt=current.model_copy(update={
-        "launched_time": now, "placement": placement(pools), "restored_step": restored}))
-    where = ", ".join(f"slice {s} on {p}" + (" (kept)" if s in settings.kept else "")
-                      for s, p in sorted(pools.items())) or "any pool"
+    restored = (
+        current.rollback_step if current.rollback_step is not None else job.status.checkpoint_step
+    )
+    draft.update(
+        current_attempt=current.model_copy(
+            update={"launched_time": now, "placement": placement(pools), "restored_step": restored}
+        )
+    )
+    where = (
+        ", ".join(
+            f"slice {s} on {p}" + (" (kept)" if s in settings.kept else "")
+            for s, p in sorted(pools.items())
+        )
+        or "any pool"
+    )
     draft.timeline("PodsCreated", f"attempt {job.status.attempt}: {where}")
     draft.requeue(1.0)
 
@@ -278,33 +317,51 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     tpu = job.spec.tpu
     expected = tpu.slices * tpu.hosts_per_slice
     wiring = attempt_settings(obs, current, pools_of(current), settings)
-    present = {p.name for p in pods} | {p.name for p in kept_pods(obs, wiring.kept).values()
-                                        if not p.terminal and p.deleting_since is None}
-    missing = [(s, w) for s in range(tpu.slices) for w in range(tpu.hosts_per_slice)
-               if manifests.pod_name(job.name, wiring.pods_attempt(s), s, w) not in present]
+    present = {p.name for p in pods} | {
+        p.name
+        for p in kept_pods(obs, wiring.kept).values()
+        if not p.terminal and p.deleting_since is None
+    }
+    missing = [
+        (s, w)
+        for s in range(tpu.slices)
+        for w in range(tpu.hosts_per_slice)
+        if manifests.pod_name(job.name, wiring.pods_attempt(s), s, w) not in present
+    ]
     if not missing and len(pods) == expected and all(p.phase == "Succeeded" for p in pods):
-        draft.update(attempt_history=ended_attempt(draft.status, obs.heartbeat, now=now,
-                                                   failed=False))
+        draft.update(
+            attempt_history=ended_attempt(draft.status, obs.heartbeat, now=now, failed=False)
+        )
         _succeeded(draft)
         return
-    trouble = find_trouble(obs, job.status.attempt, now=now, launched_at=current.launched_time,
-                           stall_timeout=job.spec.recovery.stall_timeout_seconds,
-                           last_step=own_step(obs), health=settings.node_health)
+    trouble = find_trouble(
+        obs,
+        job.status.attempt,
+        now=now,
+        launched_at=current.launched_time,
+        stall_timeout=job.spec.recovery.stall_timeout_seconds,
+        last_step=own_step(obs),
+        health=settings.node_health,
+    )
     if trouble is not None:
         handle_failure(obs, draft, trouble, settings)
         return
     refused = draft.status.condition(ConditionType.PODS_REFUSED)
     if not missing and refused is not None and refused.status == ConditionStatus.TRUE:
-        draft.condition(ConditionType.PODS_REFUSED, False, "Created",
-                        "every pod of the attempt exists")
+        draft.condition(
+            ConditionType.PODS_REFUSED, False, "Created", "every pod of the attempt exists"
+        )
     # A kept pod belongs to the attempt once told to rejoin it; one an operator restarted
     # in between did not tell yet is told here, after the fence, as at launch.
     rejoin(obs, draft, wiring)
     if missing or draft.rejoin_pods:  # missing: the launch did not finish, or someone removed it
         draft.fence_attempt = job.status.attempt
-        draft.create += [manifests.headless_service(job), manifests.heartbeat_lease(job),
-                         *manifests.heartbeat_rbac(job),
-                         *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing)]
+        draft.create += [
+            manifests.headless_service(job),
+            manifests.heartbeat_lease(job),
+            *manifests.heartbeat_rbac(job),
+            *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing),
+        ]
     _watch_health(obs, draft, pods, expected_count=expected)
 
 
@@ -326,35 +383,52 @@ def _record_progress(obs: Observed, draft: Draft) -> None:
     if beat is None or beat.step is None:
         return
     total = beat.total_steps or job.spec.trainer.total_steps
-    draft.update(progress=Progress(step=beat.step, total_steps=total,
-                                   steps_per_second=beat.steps_per_second,
-                                   loss=round(beat.loss, 6) if beat.loss is not None else None))
+    draft.update(
+        progress=Progress(
+            step=beat.step,
+            total_steps=total,
+            steps_per_second=beat.steps_per_second,
+            loss=round(beat.loss, 6) if beat.loss is not None else None,
+        )
+    )
     if beat.checkpoint_step is not None:
         draft.update(checkpoint_step=beat.checkpoint_step)
 
 
-def _watch_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...],
-                  expected_count: int) -> None:
+def _watch_health(
+    obs: Observed, draft: Draft, pods: tuple[PodView, ...], expected_count: int
+) -> None:
     job, now = obs.job, draft.now
     current = draft.status.current_attempt
     beat = obs.heartbeat
     resumed = beat is not None and beat.attempt == job.status.attempt and beat.step is not None
     if resumed and current.resumed_step is None and beat is not None:
-        draft.update(current_attempt=current.model_copy(update={
-            "resumed_step": beat.step, "recovering_since": None,
-            "first_heartbeat_time": now}))
+        draft.update(
+            current_attempt=current.model_copy(
+                update={
+                    "resumed_step": beat.step,
+                    "recovering_since": None,
+                    "first_heartbeat_time": now,
+                }
+            )
+        )
         if current.recovering_since is not None:
             seconds = (now - current.recovering_since).total_seconds()
             draft.recovery_seconds = seconds
-            draft.timeline("Resumed", f"attempt {job.status.attempt} trains from step "
-                                      f"{beat.step} ({seconds:.1f}s after the failure)")
-            draft.event("Normal", "Resumed", f"training resumed at step {beat.step} "
-                                             f"after {seconds:.1f}s")
+            draft.timeline(
+                "Resumed",
+                f"attempt {job.status.attempt} trains from step "
+                f"{beat.step} ({seconds:.1f}s after the failure)",
+            )
+            draft.event(
+                "Normal", "Resumed", f"training resumed at step {beat.step} after {seconds:.1f}s"
+            )
     all_running = len(pods) == expected_count and all(p.running for p in pods)
     if all_running and draft.status.phase is not Phase.RUNNING:
         draft.update(phase=Phase.RUNNING)
-        draft.condition(ConditionType.RUNNING, True, "AllWorkersRunning",
-                        f"{expected_count} workers running")
+        draft.condition(
+            ConditionType.RUNNING, True, "AllWorkersRunning", f"{expected_count} workers running"
+        )
         draft.condition(ConditionType.RECOVERING, False, "Running")
     watch_training_health(obs, draft, pods)
     _say_unschedulable(draft, pods)
@@ -377,11 +451,18 @@ def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> None:
             draft.requeue(UNSCHEDULABLE_GRACE_SECONDS - max(w for _, w in waiting))
         return
     said = draft.status.condition(ConditionType.RUNNING)
-    if said is not None and said.reason == "Unschedulable" and \
-            (said.message or "").startswith(f"pod {stuck[0].name}: "):
+    if (
+        said is not None
+        and said.reason == "Unschedulable"
+        and (said.message or "").startswith(f"pod {stuck[0].name}: ")
+    ):
         return
-    draft.condition(ConditionType.RUNNING, False, "Unschedulable",
-                    f"pod {stuck[0].name}: {stuck[0].unschedulable_message}")
+    draft.condition(
+        ConditionType.RUNNING,
+        False,
+        "Unschedulable",
+        f"pod {stuck[0].name}: {stuck[0].unschedulable_message}",
+    )
 
 
 def _waited(pod: PodView, now: datetime) -> float:

@@ -19,11 +19,18 @@ from tpujob.rollback import NAN_ADVICE
 
 # Codes of the hard class that do not mean the node is broken: the node is taken away (a
 # maintenance event, a preemption), so the slice moves but the node is not blamed.
-NOT_THE_NODES_FAULT = frozenset({dx.FailureCode.MAINTENANCE, dx.FailureCode.PREEMPTED,
-                                 dx.FailureCode.EVICTED})
+NOT_THE_NODES_FAULT = frozenset(
+    {dx.FailureCode.MAINTENANCE, dx.FailureCode.PREEMPTED, dx.FailureCode.EVICTED}
+)
 # Codes after which the old pods get their full grace period so the trainer can save.
-GRACEFUL_CODES = frozenset({dx.FailureCode.MAINTENANCE, dx.FailureCode.PREEMPTED,
-                            dx.FailureCode.EVICTED, dx.FailureCode.HANG})
+GRACEFUL_CODES = frozenset(
+    {
+        dx.FailureCode.MAINTENANCE,
+        dx.FailureCode.PREEMPTED,
+        dx.FailureCode.EVICTED,
+        dx.FailureCode.HANG,
+    }
+)
 MAX_COLLECTIVE_TIMEOUT_SECONDS = 3600
 
 
@@ -89,17 +96,20 @@ def _nan_rollbacks(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> Fail
     done, allowed = job.status.nan_rollbacks or 0, job.spec.recovery.max_nan_rollbacks
     if done < allowed:
         return None
-    return FailJob(FailReason.NON_FINITE_LOSS,
-                   f"{d.headline}; non-finite again after {done} rollbacks "
-                   f"(spec.recovery.maxNanRollbacks={allowed}): {NAN_ADVICE}")
+    return FailJob(
+        FailReason.NON_FINITE_LOSS,
+        f"{d.headline}; non-finite again after {done} rollbacks "
+        f"(spec.recovery.maxNanRollbacks={allowed}): {NAN_ADVICE}",
+    )
 
 
 def _auto_recovery(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
     if job.spec.recovery.auto_recovery:
         return None
-    return FailJob(FailReason.AUTO_RECOVERY_OFF,
-                   f"{d.headline}; spec.recovery.autoRecovery is false, so the job is not "
-                   f"restarted")
+    return FailJob(
+        FailReason.AUTO_RECOVERY_OFF,
+        f"{d.headline}; spec.recovery.autoRecovery is false, so the job is not restarted",
+    )
 
 
 def _class_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
@@ -109,9 +119,11 @@ def _class_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJ
     if used < allowed:
         return None
     field = f"max{cls.value.capitalize()}Restarts"
-    return FailJob(FailReason.RESTART_BUDGET,
-                   f"{d.headline}; the {cls.value} restart budget is spent "
-                   f"({used} of spec.recovery.{field}={allowed})")
+    return FailJob(
+        FailReason.RESTART_BUDGET,
+        f"{d.headline}; the {cls.value} restart budget is spent "
+        f"({used} of spec.recovery.{field}={allowed})",
+    )
 
 
 def _node_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
@@ -121,14 +133,21 @@ def _node_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJo
     budget = job.spec.max_failed_nodes_count()
     if total <= budget:
         return None
-    return FailJob(FailReason.FAILED_NODE_BUDGET,
-                   f"{d.headline}; {total} nodes have failed, more than "
-                   f"spec.recovery.maxFailedNodes={job.spec.recovery.max_failed_nodes} "
-                   f"({budget} of {job.spec.tpu.total_hosts} hosts)")
+    return FailJob(
+        FailReason.FAILED_NODE_BUDGET,
+        f"{d.headline}; {total} nodes have failed, more than "
+        f"spec.recovery.maxFailedNodes={job.spec.recovery.max_failed_nodes} "
+        f"({budget} of {job.spec.tpu.total_hosts} hosts)",
+    )
 
 
 CHECKS: tuple[Callable[[dx.Diagnosis, TPUTrainingJob, Broken], FailJob | None], ...] = (
-    _fatal, _nan_rollbacks, _auto_recovery, _class_budget, _node_budget)
+    _fatal,
+    _nan_rollbacks,
+    _auto_recovery,
+    _class_budget,
+    _node_budget,
+)
 
 
 def blame(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
@@ -156,8 +175,9 @@ def collective_timeout(base_seconds: int, medium_restarts: int) -> int:
     return int(min(MAX_COLLECTIVE_TIMEOUT_SECONDS, base_seconds * 2 ** max(0, medium_restarts)))
 
 
-def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken, *,
-           base_collective_timeout: int) -> Decision:
+def decide(
+    d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken, *, base_collective_timeout: int
+) -> Decision:
     for check in CHECKS:
         verdict = check(d, job, broken)
         if verdict is not None:
@@ -171,7 +191,8 @@ def decide(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken, *,
     return Restart(
         failure_class=cls,
         delay_seconds=job.spec.recovery.backoff.delay(restarts.medium)
-        if cls is FailureClass.MEDIUM else 0,
+        if cls is FailureClass.MEDIUM
+        else 0,
         move_slices=frozenset(move),
         blame_nodes=blame(d, broken),
         mark_nodes=marks(d, broken),

@@ -51,23 +51,45 @@ _SECRET_NAMES = (
 
 _SHAPES: tuple[_Shape, ...] = (
     # A PEM private key, its body possibly cut off by the log tail.
-    _Shape(SecretKind.PRIVATE_KEY, re.compile(
-        r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]*(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?")),
-    _Shape(SecretKind.BEARER_TOKEN, re.compile(
-        r"\b(?:Bearer|Basic)\s+([A-Za-z0-9._~+/=-]{8,})", re.IGNORECASE), 1),
+    _Shape(
+        SecretKind.PRIVATE_KEY,
+        re.compile(
+            r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[^-]*"
+            r"(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"
+        ),
+    ),
+    _Shape(
+        SecretKind.BEARER_TOKEN,
+        re.compile(r"\b(?:Bearer|Basic)\s+([A-Za-z0-9._~+/=-]{8,})", re.IGNORECASE),
+        1,
+    ),
     # scheme://user:password@host: the password only.
-    _Shape(SecretKind.URL_PASSWORD, re.compile(
-        r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,20}://[^\s:/@]{1,256}:([^\s@/]{1,256})@"), 1),
-    _Shape(SecretKind.KEY_VALUE, re.compile(
-        r"(?i)[\"']?\b" + _SECRET_NAMES
-        + r"[\"']?\s{0,3}[=:]\s{0,3}[\"']?([^\s\"',;&]{1,512})"), 1),
+    _Shape(
+        SecretKind.URL_PASSWORD,
+        re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,20}://[^\s:/@]{1,256}:([^\s@/]{1,256})@"),
+        1,
+    ),
+    _Shape(
+        SecretKind.KEY_VALUE,
+        re.compile(
+            r"(?i)[\"']?\b" + _SECRET_NAMES + r"[\"']?\s{0,3}[=:]\s{0,3}[\"']?([^\s\"',;&]{1,512})"
+        ),
+        1,
+    ),
     _Shape(SecretKind.AWS_ACCESS_KEY, re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
     _Shape(SecretKind.GCP_API_KEY, re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
     _Shape(SecretKind.GCP_OAUTH_TOKEN, re.compile(r"\bya29\.[0-9A-Za-z_-]{20,}")),
-    _Shape(SecretKind.GITHUB_TOKEN, re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|"
-                                               r"github_pat_[A-Za-z0-9_]{22,})")),
-    _Shape(SecretKind.JWT, re.compile(
-        r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")),
+    _Shape(
+        SecretKind.GITHUB_TOKEN,
+        re.compile(
+            r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|"
+            r"github_pat_[A-Za-z0-9_]{22,})"
+        ),
+    ),
+    _Shape(
+        SecretKind.JWT,
+        re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}"),
+    ),
 )
 
 
@@ -88,4 +110,4 @@ def _mask(match: re.Match[str], *, group: int) -> str:
         return MASK
     start, end = match.span(group)
     whole_start = match.start()
-    return match.group(0)[: start - whole_start] + MASK + match.group(0)[end - whole_start:]
+    return match.group(0)[: start - whole_start] + MASK + match.group(0)[end - whole_start :]

@@ -16,7 +16,8 @@ NAN_ADVICE = (
     "the loss turned non-finite again after skipping the data before it, so the data is not "
     "the cause: lower the learning rate or lengthen its warmup, clip gradients (for example "
     "optax.clip_by_global_norm), use loss scaling with reduced precision, and look for "
-    "divisions or logarithms of values that can reach zero")
+    "divisions or logarithms of values that can reach zero"
+)
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,15 @@ class Rollback:
     count: int  # rollbacks done, this one included
 
     def describe(self, limit: int) -> str:
-        return (f"rolled back to step {self.resume_step}, skipping {self.skip} batches after "
-                f"it (rollback {self.count} of {limit})")
+        return (
+            f"rolled back to step {self.resume_step}, skipping {self.skip} batches after "
+            f"it (rollback {self.count} of {limit})"
+        )
 
 
-def plan_rollback(*, nan_step: int | None, checkpoint_step: int | None,
-                  windows: str | None, done: int) -> Rollback:
+def plan_rollback(
+    *, nan_step: int | None, checkpoint_step: int | None, windows: str | None, done: int
+) -> Rollback:
     """The rollback after a non-finite loss at `nan_step`.
 
     The restore point is the newest checkpoint strictly before the anomaly (a checkpoint
@@ -43,10 +47,17 @@ def plan_rollback(*, nan_step: int | None, checkpoint_step: int | None,
     """
     step = max(0, nan_step) if nan_step is not None else None
     resume = 0
-    if checkpoint_step is not None and checkpoint_step >= 0 and (
-            step is None or checkpoint_step < step):
+    if (
+        checkpoint_step is not None
+        and checkpoint_step >= 0
+        and (step is None or checkpoint_step < step)
+    ):
         resume = checkpoint_step
     skip = max(1, step - resume) if step is not None else 1
     window = f"{resume}:{skip}"
-    return Rollback(resume_step=resume, skip=skip,
-                    windows=f"{windows},{window}" if windows else window, count=done + 1)
+    return Rollback(
+        resume_step=resume,
+        skip=skip,
+        windows=f"{windows},{window}" if windows else window,
+        count=done + 1,
+    )

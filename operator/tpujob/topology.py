@@ -108,6 +108,7 @@ _LITE_SHAPES: Mapping[str, int] = {
     **_four_chip_hosts("4x4", "4x8", "8x8", "8x16", "16x16"),
 }
 
+
 def _row(
     label: str, generation: Generation, tensorcores_per_chip: int, shapes: Mapping[str, int]
 ) -> Accelerator:

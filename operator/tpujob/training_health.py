@@ -155,26 +155,31 @@ def _int(value: object, *, high: int) -> int | None:
     return number if number <= high else None
 
 
-def _list(value: object, parse: Callable[[object], _N | None],
-          count: int | None) -> tuple[_N, ...]:
+def _list(value: object, parse: Callable[[object], _N | None], count: int | None) -> tuple[_N, ...]:
     text = _text(value)
     parts = [] if text is None else text.split(",")
     numbers = [parse(p) for p in parts]
     good = [n for n in numbers if n is not None]
     # One bad entry makes the whole list absent: a gap would shift the process ids.
-    if len(good) != len(parts) or not good or len(good) > MAX_WORKERS or \
-            count not in (None, len(good)):
+    if (
+        len(good) != len(parts)
+        or not good
+        or len(good) > MAX_WORKERS
+        or count not in (None, len(good))
+    ):
         return ()
     return tuple(good)
 
 
-def parse_health(annotations: Mapping[str, str], *,
-                 workers: int | None = None) -> HealthReport | None:
+def parse_health(
+    annotations: Mapping[str, str], *, workers: int | None = None
+) -> HealthReport | None:
     """The health numbers of the Lease's annotations; None when none is usable.
 
     `workers`, when given, is the job's process count: a per-worker list of another length is
     dropped. The slice's input-bound fraction falls back to the mean of the workers' ones.
     """
+
     def read(key: str) -> object:
         return annotations.get(key)
 
@@ -187,20 +192,31 @@ def parse_health(annotations: Mapping[str, str], *,
         step=_int(read(contract.HEARTBEAT_HEALTH_STEP), high=MAX_STEP),
         input_bound_fraction=fraction,
         worker_input_bound=worker_input,
-        worker_step_seconds=_list(read(contract.HEARTBEAT_WORKER_STEP_SECONDS),
-                                  partial(_float, high=MAX_STEP_SECONDS), workers),
-        worker_rss_bytes=_list(read(contract.HEARTBEAT_WORKER_RSS_BYTES),
-                               partial(_int, high=MAX_RSS_BYTES), workers),
+        worker_step_seconds=_list(
+            read(contract.HEARTBEAT_WORKER_STEP_SECONDS),
+            partial(_float, high=MAX_STEP_SECONDS),
+            workers,
+        ),
+        worker_rss_bytes=_list(
+            read(contract.HEARTBEAT_WORKER_RSS_BYTES), partial(_int, high=MAX_RSS_BYTES), workers
+        ),
     )
-    usable = (report.input_bound_fraction is not None or report.worker_input_bound or
-              report.worker_step_seconds or report.worker_rss_bytes)
+    usable = (
+        report.input_bound_fraction is not None
+        or report.worker_input_bound
+        or report.worker_step_seconds
+        or report.worker_rss_bytes
+    )
     return report if usable else None
 
 
-def next_memory_samples(samples: Sequence[MemorySample], report_time: float,
-                        report: HealthReport | None, *,
-                        settings: HealthSettings = DEFAULT_HEALTH_SETTINGS,
-                        ) -> tuple[MemorySample, ...]:
+def next_memory_samples(
+    samples: Sequence[MemorySample],
+    report_time: float,
+    report: HealthReport | None,
+    *,
+    settings: HealthSettings = DEFAULT_HEALTH_SETTINGS,
+) -> tuple[MemorySample, ...]:
     """The sample history after `report`, read at `report_time` (seconds).
 
     Samples older than the window go; a report of an already sampled step, or sooner than the
@@ -210,8 +226,11 @@ def next_memory_samples(samples: Sequence[MemorySample], report_time: float,
     """
     if not math.isfinite(report_time):
         return tuple(samples)
-    kept = [s for s in samples if report_time - settings.memory_window_seconds
-            <= s.time_seconds <= report_time]
+    kept = [
+        s
+        for s in samples
+        if report_time - settings.memory_window_seconds <= s.time_seconds <= report_time
+    ]
     rss = None if report is None else report.max_rss_bytes
     if report is None or rss is None:
         return tuple(kept)
@@ -219,13 +238,15 @@ def next_memory_samples(samples: Sequence[MemorySample], report_time: float,
     last = kept[-1] if kept else None
     if last is not None:
         restarted = rss < last.max_rss_bytes * (1 - settings.memory_drop_fraction) or (
-            None not in (report.step, last.step) and (report.step or 0) < (last.step or 0))
+            None not in (report.step, last.step) and (report.step or 0) < (last.step or 0)
+        )
         if restarted:
             return (sample,)
-        if (report.step is not None and report.step == last.step) or \
-                report_time - last.time_seconds < settings.memory_sample_interval_seconds:
+        if (
+            report.step is not None and report.step == last.step
+        ) or report_time - last.time_seconds < settings.memory_sample_interval_seconds:
             return tuple(kept)
-    return (*kept, sample)[-settings.memory_max_samples:]
+    return (*kept, sample)[-settings.memory_max_samples :]
 
 
 @dataclass(frozen=True)
@@ -256,14 +277,18 @@ def _input_bound(x: _Inputs) -> _Outcome:
         return None
     if fraction <= x.settings.input_bound_fraction:
         return (None,)
-    message = (f"the job waits for input {fraction:.0%} of its step time (threshold "
-               f"{x.settings.input_bound_fraction:.0%})")
+    message = (
+        f"the job waits for input {fraction:.0%} of its step time (threshold "
+        f"{x.settings.input_bound_fraction:.0%})"
+    )
     workers = x.worker_list(x.report.worker_input_bound) if x.report else ()
     if len(workers) > 1:
         worst = max(range(len(workers)), key=lambda i: workers[i])
         message += f"; most on {x.where(worst)}: {workers[worst]:.0%}"
-    message += ("; prefetch more batches, give the input pipeline more host threads, or store "
-                "the data in a faster format (preprocessed, sharded records)")
+    message += (
+        "; prefetch more batches, give the input pipeline more host threads, or store "
+        "the data in a faster format (preprocessed, sharded records)"
+    )
     return (Finding(HealthReason.DATA_WAIT_HIGH, message),)
 
 
@@ -278,14 +303,22 @@ def _straggler(x: _Inputs) -> _Outcome:
     slowest = max(range(len(seconds)), key=lambda i: (seconds[i], -i))
     peers = statistics.median(sorted(seconds)[:-1])
     gap = seconds[slowest] - peers
-    if gap < x.settings.straggler_min_gap_seconds or \
-            seconds[slowest] <= peers * (1 + x.settings.straggler_excess):
+    if gap < x.settings.straggler_min_gap_seconds or seconds[slowest] <= peers * (
+        1 + x.settings.straggler_excess
+    ):
         return (None,)
     excess = f"{gap / peers:.0%} over" if peers > 0 else "against"
-    return (Finding(HealthReason.WORKER_SLOW, (
-        f"{x.where(slowest)} spends {seconds[slowest]:.3f}s of host time per step, {excess} "
-        f"its peers' median of {peers:.3f}s (threshold {x.settings.straggler_excess:.0%}); "
-        "every step of the job waits for it: look at that node's CPU and neighbours")),)
+    return (
+        Finding(
+            HealthReason.WORKER_SLOW,
+            (
+                f"{x.where(slowest)} spends {seconds[slowest]:.3f}s of host time per step, "
+                f"{excess} its peers' median of {peers:.3f}s "
+                f"(threshold {x.settings.straggler_excess:.0%}); "
+                "every step of the job waits for it: look at that node's CPU and neighbours"
+            ),
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -305,16 +338,20 @@ def _towards_limit(fit: _Fit) -> str | None:
     left = max(0.0, (fit.limit - fit.now_bytes) / fit.slope)
     if left >= fit.settings.memory_horizon_seconds:
         return None
-    return (f"the largest worker's host memory grows {fit.rate()}; at this rate it reaches "
-            f"the limit of {fit.limit / MIB:.0f} MiB in about {left / 60:.0f} min: look for "
-            "a leak (caches without bound, references kept to batches or metrics)")
+    return (
+        f"the largest worker's host memory grows {fit.rate()}; at this rate it reaches "
+        f"the limit of {fit.limit / MIB:.0f} MiB in about {left / 60:.0f} min: look for "
+        "a leak (caches without bound, references kept to batches or metrics)"
+    )
 
 
 def _growing_without_limit(fit: _Fit) -> str | None:
     if fit.limit is not None or fit.slope < fit.settings.memory_rate_bytes_per_second:
         return None
-    return (f"the largest worker's host memory grows {fit.rate()} and no memory limit is set, "
-            "so no time to an OOM kill can be projected: look for a leak")
+    return (
+        f"the largest worker's host memory grows {fit.rate()} and no memory limit is set, "
+        "so no time to an OOM kill can be projected: look for a leak"
+    )
 
 
 # Ordered; the first rule that gives a message fires. No match: clear (the default).
@@ -329,18 +366,28 @@ def _urgent(samples: Sequence[MemorySample], fit: _Fit) -> bool:
     """Whether growth seen for less than the usual span cannot wait for it: steady (every
     sample above the one before) and projected to reach the limit within that span."""
     steady = all(b.max_rss_bytes > a.max_rss_bytes for a, b in itertools.pairwise(samples))
-    return steady and fit.limit is not None and fit.slope > 0 and \
-        (fit.limit - fit.now_bytes) / fit.slope < fit.settings.memory_min_span_seconds
+    return (
+        steady
+        and fit.limit is not None
+        and fit.slope > 0
+        and (fit.limit - fit.now_bytes) / fit.slope < fit.settings.memory_min_span_seconds
+    )
 
 
 def _memory(x: _Inputs) -> _Outcome:
     s = x.settings
-    samples = sorted(m for m in x.samples if math.isfinite(m.time_seconds) and
-                     0 <= m.max_rss_bytes <= MAX_RSS_BYTES and
-                     x.now - s.memory_window_seconds <= m.time_seconds <= x.now)
+    samples = sorted(
+        m
+        for m in x.samples
+        if math.isfinite(m.time_seconds)
+        and 0 <= m.max_rss_bytes <= MAX_RSS_BYTES
+        and x.now - s.memory_window_seconds <= m.time_seconds <= x.now
+    )
     times = [m.time_seconds for m in samples]
-    if len(samples) < s.memory_min_samples or \
-            max(times) - min(times) < s.memory_urgent_min_span_seconds:
+    if (
+        len(samples) < s.memory_min_samples
+        or max(times) - min(times) < s.memory_urgent_min_span_seconds
+    ):
         return None
     slope, intercept = statistics.linear_regression(times, [m.max_rss_bytes for m in samples])
     fit = _Fit(slope, intercept + slope * x.now, x.limit, s)
@@ -366,9 +413,21 @@ CHECKS: tuple[tuple[HealthCheck, Callable[[_Inputs], _Outcome]], ...] = (
 
 
 _QUANTITY = re.compile(r"([0-9]{1,15})(\.[0-9]{1,9})?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
-_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-          "E": 10**18, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
-          "Pi": 1 << 50, "Ei": 1 << 60}
+_UNITS = {
+    None: 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "Ei": 1 << 60,
+}
 
 
 def quantity_bytes(quantity: str | None) -> int | None:
@@ -382,18 +441,26 @@ def quantity_bytes(quantity: str | None) -> int | None:
     return int(number * _UNITS[unit])
 
 
-def assess(report: HealthReport | None, *, pods_by_process: Mapping[int, tuple[str, str]],
-           settings: HealthSettings = DEFAULT_HEALTH_SETTINGS,
-           memory_samples: Sequence[MemorySample], memory_limit_bytes: int | None,
-           now_seconds: float) -> HealthVerdicts:
+def assess(
+    report: HealthReport | None,
+    *,
+    pods_by_process: Mapping[int, tuple[str, str]],
+    settings: HealthSettings = DEFAULT_HEALTH_SETTINGS,
+    memory_samples: Sequence[MemorySample],
+    memory_limit_bytes: int | None,
+    now_seconds: float,
+) -> HealthVerdicts:
     """The verdict of each health check on `report` and the memory samples.
 
     `pods_by_process` maps each process id to its (pod, node); per-worker numbers of another
     count than its size are not used. `memory_limit_bytes` is the trainer container's memory
     limit (None when unset). A check without evidence is left out of `assessed`.
     """
-    limit = memory_limit_bytes if memory_limit_bytes is not None and \
-        0 < memory_limit_bytes <= MAX_RSS_BYTES else None
+    limit = (
+        memory_limit_bytes
+        if memory_limit_bytes is not None and 0 < memory_limit_bytes <= MAX_RSS_BYTES
+        else None
+    )
     now = now_seconds if math.isfinite(now_seconds) else -math.inf
     x = _Inputs(report, pods_by_process, settings, tuple(memory_samples), limit, now)
     found: dict[HealthCheck, Finding | None] = {}
@@ -405,4 +472,5 @@ def assess(report: HealthReport | None, *, pods_by_process: Mapping[int, tuple[s
         input_bound=found.get(HealthCheck.INPUT_BOUND),
         straggler=found.get(HealthCheck.STRAGGLER),
         host_memory_growing=found.get(HealthCheck.HOST_MEMORY_GROWING),
-        assessed=frozenset(found))
+        assessed=frozenset(found),
+    )

@@ -78,8 +78,11 @@ class WakeBook:
         if key in self.finished:
             return False
         last = self.heartbeats.get(key)
-        due = last is None or last[0] != beat.attempt or \
-            (now - last[1]).total_seconds() >= self.progress_interval_seconds
+        due = (
+            last is None
+            or last[0] != beat.attempt
+            or (now - last[1]).total_seconds() >= self.progress_interval_seconds
+        )
         if due:
             self.heartbeats[key] = (beat.attempt, now)
         return due

@@ -34,11 +34,12 @@ CLUSTER_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"get", "list", "watch", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
-ALL_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
-                                 ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
-                                 ("rbac.authorization.k8s.io", "clusterroles"): {"bind"}}
-WATCHED_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS,
-                                     ("", "namespaces"): {"list", "watch"}}
+ALL_NAMESPACES_CLUSTER_RIGHTS = {
+    **CLUSTER_RIGHTS,
+    ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
+    ("rbac.authorization.k8s.io", "clusterroles"): {"bind"},
+}
+WATCHED_NAMESPACES_CLUSTER_RIGHTS = {**CLUSTER_RIGHTS, ("", "namespaces"): {"list", "watch"}}
 JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("tpujob.dev", "tputrainingjobs"): {"list", "watch", "patch", "delete"},
     ("tpujob.dev", "tputrainingjobs/status"): {"patch", "update"},
@@ -51,17 +52,22 @@ JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "update", "patch"},
     ("", "events"): {"create"},
 }
-WATCHED_NAMESPACE_RIGHTS = {**JOB_NAMESPACE_RIGHTS,
-                            ("kopf.dev", "kopfpeerings"): {"list", "watch", "patch"}}
+WATCHED_NAMESPACE_RIGHTS = {
+    **JOB_NAMESPACE_RIGHTS,
+    ("kopf.dev", "kopfpeerings"): {"list", "watch", "patch"},
+}
 # Watching every namespace, Lease writes are not granted cluster-wide: the operator binds the
 # -leases ClusterRole to itself in each namespace it runs a job in (LEASE_WRITER_RIGHTS there).
-EVERY_JOB_NAMESPACE_RIGHTS = {**JOB_NAMESPACE_RIGHTS,
-                              ("coordination.k8s.io", "leases"): {"get", "list", "watch"}}
+EVERY_JOB_NAMESPACE_RIGHTS = {
+    **JOB_NAMESPACE_RIGHTS,
+    ("coordination.k8s.io", "leases"): {"get", "list", "watch"},
+}
 LEASE_WRITER_RIGHTS: dict[tuple[str, str], set[str]] = {
-    ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"}}
+    ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"}
+}
 LEASE_WRITER_ROLE = "tpujob-tpujob-operator-leases"
 OWN_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
-    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch"}
 }
 USER_ROLES = {"tpujob-edit", "tpujob-view"}
 
@@ -114,14 +120,23 @@ def rights(role: Manifest) -> dict[tuple[str, str], set[str]]:
 
 def operator_roles(manifests: list[Manifest]) -> list[Manifest]:
     """The Roles and ClusterRoles bound to the operator (not the users' aggregated ones)."""
-    return [m for m in manifests if m["kind"] in ("Role", "ClusterRole")
-            and m["metadata"]["name"] not in USER_ROLES]
+    return [
+        m
+        for m in manifests
+        if m["kind"] in ("Role", "ClusterRole") and m["metadata"]["name"] not in USER_ROLES
+    ]
 
 
-def named(manifests: list[Manifest], kind: str, name: str,
-          namespace: str | None = None) -> Manifest:
-    found = [m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name
-             and m["metadata"].get("namespace") == namespace]
+def named(
+    manifests: list[Manifest], kind: str, name: str, namespace: str | None = None
+) -> Manifest:
+    found = [
+        m
+        for m in manifests
+        if m["kind"] == kind
+        and m["metadata"]["name"] == name
+        and m["metadata"].get("namespace") == namespace
+    ]
     assert len(found) == 1, f"expected one {kind} {namespace}/{name}, rendered {len(found)}"
     return found[0]
 
@@ -185,11 +200,19 @@ def test_render_follows_replicas_and_watched_namespaces(
     # namespace; the operator's own-namespace Role; the hostPath policy, and the system-Lease
     # policy when every namespace is watched, with the Lease-writer ClusterRole the operator
     # binds to itself per job namespace.
-    roles = (["ClusterRole"] * 3 + ["ClusterRoleBinding"] + ["Role", "RoleBinding"]
-             + (["Role", "RoleBinding"] * len(watched) if watched
-                else ["ClusterRole", "ClusterRoleBinding", "ClusterRole"]))
+    roles = (
+        ["ClusterRole"] * 3
+        + ["ClusterRoleBinding"]
+        + ["Role", "RoleBinding"]
+        + (
+            ["Role", "RoleBinding"] * len(watched)
+            if watched
+            else ["ClusterRole", "ClusterRoleBinding", "ClusterRole"]
+        )
+    )
     policies = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * (
-        1 if watched else 2)
+        1 if watched else 2
+    )
     assert kinds(manifests) == sorted(
         ["Deployment", "Service", "ServiceAccount", *roles, *policies]
         + [peering_kind] * len(peering_namespaces)
@@ -223,8 +246,9 @@ def test_operator_command_line_carries_ports_log_level_and_extra_args() -> None:
     ]
 
 
-@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)],
-                         ids=["all-namespaces", "watch-namespaces"])
+@pytest.mark.parametrize(
+    "sets", [(), ("watchNamespaces={team-a}",)], ids=["all-namespaces", "watch-namespaces"]
+)
 def test_roles_have_no_wildcard_and_nothing_on_secrets(sets: tuple[str, ...]) -> None:
     roles = [m for m in render(*sets) if m["kind"] in ("Role", "ClusterRole")]
     strings = list(walk_strings([r["rules"] for r in roles]))
@@ -232,50 +256,65 @@ def test_roles_have_no_wildcard_and_nothing_on_secrets(sets: tuple[str, ...]) ->
     assert not [s for s in strings if "*" in s]
     assert not [s for s in strings if "secret" in s.lower()]
     # resourceNames only where a verb names one object: binding the -leases ClusterRole.
-    assert all(set(rule) == {"apiGroups", "resources", "verbs"} or
-               (set(rule) == {"apiGroups", "resources", "verbs", "resourceNames"}
-                and rule["verbs"] == ["bind"])
-               for role in roles for rule in role["rules"]), (
-        "rules use only apiGroups/resources/verbs (no nonResourceURLs)"
-    )
+    assert all(
+        set(rule) == {"apiGroups", "resources", "verbs"}
+        or (
+            set(rule) == {"apiGroups", "resources", "verbs", "resourceNames"}
+            and rule["verbs"] == ["bind"]
+        )
+        for role in roles
+        for rule in role["rules"]
+    ), "rules use only apiGroups/resources/verbs (no nonResourceURLs)"
 
 
 def test_every_namespace_gets_the_job_rights_when_every_namespace_is_watched() -> None:
     manifests = render(namespace="ops")
     assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator")) == (
-        ALL_NAMESPACES_CLUSTER_RIGHTS)
+        ALL_NAMESPACES_CLUSTER_RIGHTS
+    )
     assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator-jobs")) == (
-        EVERY_JOB_NAMESPACE_RIGHTS)
+        EVERY_JOB_NAMESPACE_RIGHTS
+    )
     assert rights(named(manifests, "ClusterRole", LEASE_WRITER_ROLE)) == LEASE_WRITER_RIGHTS
     assert rights(named(manifests, "Role", "tpujob-tpujob-operator-own", "ops")) == (
-        OWN_NAMESPACE_RIGHTS)
+        OWN_NAMESPACE_RIGHTS
+    )
     assert len(operator_roles(manifests)) == 4
     args = operator_container(manifests)["args"]
     assert f"--lease-role={LEASE_WRITER_ROLE}" in args
-    bind = [r for r in named(manifests, "ClusterRole", "tpujob-tpujob-operator")["rules"]
-            if r["verbs"] == ["bind"]]
+    bind = [
+        r
+        for r in named(manifests, "ClusterRole", "tpujob-tpujob-operator")["rules"]
+        if r["verbs"] == ["bind"]
+    ]
     assert [r.get("resourceNames") for r in bind] == [[LEASE_WRITER_ROLE]]
 
 
 def test_watched_namespaces_get_roles_and_nothing_namespaced_is_granted_cluster_wide() -> None:
     manifests = render("watchNamespaces={team-a,team-b}", namespace="ops")
     assert rights(named(manifests, "ClusterRole", "tpujob-tpujob-operator")) == (
-        WATCHED_NAMESPACES_CLUSTER_RIGHTS)
+        WATCHED_NAMESPACES_CLUSTER_RIGHTS
+    )
     for team in ("team-a", "team-b"):
         role = named(manifests, "Role", "tpujob-tpujob-operator-jobs", team)
         assert rights(role) == WATCHED_NAMESPACE_RIGHTS
         binding = named(manifests, "RoleBinding", "tpujob-tpujob-operator-jobs", team)
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                      "name": "tpujob-tpujob-operator-jobs"}
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "tpujob-tpujob-operator-jobs",
+        }
     assert rights(named(manifests, "Role", "tpujob-tpujob-operator-own", "ops")) == (
-        OWN_NAMESPACE_RIGHTS)
+        OWN_NAMESPACE_RIGHTS
+    )
     assert len(operator_roles(manifests)) == 4
     cluster_bindings = [m for m in manifests if m["kind"] == "ClusterRoleBinding"]
     assert [b["roleRef"]["name"] for b in cluster_bindings] == ["tpujob-tpujob-operator"]
 
 
-@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)],
-                         ids=["all-namespaces", "watch-namespaces"])
+@pytest.mark.parametrize(
+    "sets", [(), ("watchNamespaces={team-a}",)], ids=["all-namespaces", "watch-namespaces"]
+)
 @pytest.mark.parametrize("template", ["rbac.yaml", "user-roles.yaml"])
 def test_every_role_rule_says_why(template: str, sets: tuple[str, ...]) -> None:
     args = ["template", "tpujob", str(CHART), "--show-only", f"templates/{template}"]
@@ -284,24 +323,30 @@ def test_every_role_rule_says_why(template: str, sets: tuple[str, ...]) -> None:
     lines = helm(*args).stdout.splitlines()
     rule_lines = [i for i, line in enumerate(lines) if line.strip().startswith("- apiGroups:")]
     assert rule_lines
-    uncommented = [lines[i + 1].strip() for i in rule_lines
-                   if not lines[i - 1].strip().startswith("#")]
+    uncommented = [
+        lines[i + 1].strip() for i in rule_lines if not lines[i - 1].strip().startswith("#")
+    ]
     assert not uncommented, f"rules without a comment: {uncommented}"
 
 
-@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)],
-                         ids=["all-namespaces", "watch-namespaces"])
+@pytest.mark.parametrize(
+    "sets", [(), ("watchNamespaces={team-a}",)], ids=["all-namespaces", "watch-namespaces"]
+)
 def test_role_bindings_bind_the_operator_service_account(sets: tuple[str, ...]) -> None:
     manifests = render(*sets, namespace="ops")
     account = only(manifests, "ServiceAccount")
     pod_spec = only(manifests, "Deployment")["spec"]["template"]["spec"]
     bindings = [m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
-             for b in bindings}
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+        for b in bindings
+    }
     # The -leases ClusterRole is bound by the operator itself, one job namespace at a time.
-    assert bound == {(r["kind"], r["metadata"]["name"], r["metadata"].get("namespace"))
-                     for r in operator_roles(manifests)
-                     if r["metadata"]["name"] != LEASE_WRITER_ROLE}
+    assert bound == {
+        (r["kind"], r["metadata"]["name"], r["metadata"].get("namespace"))
+        for r in operator_roles(manifests)
+        if r["metadata"]["name"] != LEASE_WRITER_ROLE
+    }
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ops"}
@@ -317,8 +362,10 @@ def test_user_roles_aggregate_into_the_built_in_edit_and_view_roles() -> None:
     assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert "rbac.authorization.k8s.io/aggregate-to-edit" not in view["metadata"]["labels"]
     assert rights(edit)[("tpujob.dev", "tputrainingjobs")] >= {"create", "update", "delete"}
-    assert rights(view) == {("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch"},
-                            ("tpujob.dev", "tputrainingjobs/status"): {"get", "list", "watch"}}
+    assert rights(view) == {
+        ("tpujob.dev", "tputrainingjobs"): {"get", "list", "watch"},
+        ("tpujob.dev", "tputrainingjobs/status"): {"get", "list", "watch"},
+    }
 
 
 def test_readme_says_creating_a_job_is_creating_pods() -> None:
@@ -329,15 +376,17 @@ def test_readme_says_creating_a_job_is_creating_pods() -> None:
 def host_path_policy(*sets: str) -> tuple[Manifest, Manifest]:
     manifests = render(*sets)
     name = "tpujob-tpujob-operator-host-paths"
-    return (named(manifests, "ValidatingAdmissionPolicy", name),
-            named(manifests, "ValidatingAdmissionPolicyBinding", name))
+    return (
+        named(manifests, "ValidatingAdmissionPolicy", name),
+        named(manifests, "ValidatingAdmissionPolicyBinding", name),
+    )
 
 
-@pytest.mark.parametrize(("prefixes", "allowed"), [
-    ("", "[]"),
-    ("{/var/tmp/tpujob/,/data}", '["/var/tmp/tpujob","/data"]'),
-    ("{/}", '["/"]'),
-], ids=["none-by-default", "trailing-slash-trimmed", "root"])
+@pytest.mark.parametrize(
+    ("prefixes", "allowed"),
+    [("", "[]"), ("{/var/tmp/tpujob/,/data}", '["/var/tmp/tpujob","/data"]'), ("{/}", '["/"]')],
+    ids=["none-by-default", "trailing-slash-trimmed", "root"],
+)
 def test_host_path_policy_carries_the_allowed_prefixes(prefixes: str, allowed: str) -> None:
     policy, binding = host_path_policy(*([f"hostPathPrefixes={prefixes}"] if prefixes else []))
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
@@ -350,8 +399,9 @@ def test_host_path_policy_carries_the_allowed_prefixes(prefixes: str, allowed: s
 def test_host_path_policy_binds_to_the_watched_namespaces_only() -> None:
     _, binding = host_path_policy("watchNamespaces={team-a,team-b}")
     selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
-    assert selector == [{"key": "kubernetes.io/metadata.name", "operator": "In",
-                         "values": ["team-a", "team-b"]}]
+    assert selector == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+    ]
 
 
 def test_system_lease_policy_names_the_operator_and_the_system_namespaces() -> None:
@@ -360,8 +410,9 @@ def test_system_lease_policy_names_the_operator_and_the_system_namespaces() -> N
     policy = named(manifests, "ValidatingAdmissionPolicy", name)
     binding = named(manifests, "ValidatingAdmissionPolicyBinding", name)
     condition = policy["spec"]["matchConditions"][0]["expression"]
-    assert condition == ("request.userInfo.username == "
-                         "'system:serviceaccount:ops:tpujob-tpujob-operator'")
+    assert condition == (
+        "request.userInfo.username == 'system:serviceaccount:ops:tpujob-tpujob-operator'"
+    )
     values = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
     assert values["values"] == ["kube-system", "kube-node-lease", "kube-public"]
 
@@ -449,13 +500,20 @@ def test_operator_runs_unprivileged_on_a_read_only_root() -> None:
     assert "emptyDir" in volume
 
 
-@pytest.mark.parametrize(("sets", "peers"), [
-    ((), None),
-    (("networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",),
-     [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]),
-], ids=["nobody", "monitoring-namespace"])
+@pytest.mark.parametrize(
+    ("sets", "peers"),
+    [
+        ((), None),
+        (
+            ("networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",),
+            [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+        ),
+    ],
+    ids=["nobody", "monitoring-namespace"],
+)
 def test_network_policy_admits_only_the_listed_peers_to_the_metrics_port(
-        sets: tuple[str, ...], peers: list[Manifest] | None) -> None:
+    sets: tuple[str, ...], peers: list[Manifest] | None
+) -> None:
     manifests = render("networkPolicy.enabled=true", *sets)
     policy = only(manifests, "NetworkPolicy")
     pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
@@ -465,16 +523,25 @@ def test_network_policy_admits_only_the_listed_peers_to_the_metrics_port(
         assert policy["spec"]["ingress"] == []
     else:
         assert policy["spec"]["ingress"] == [
-            {"from": peers, "ports": [{"port": "metrics", "protocol": "TCP"}]}]
+            {"from": peers, "ports": [{"port": "metrics", "protocol": "TCP"}]}
+        ]
 
 
-@pytest.mark.parametrize(("sets", "metrics", "liveness"), [
-    ((), "$(POD_IP)", "$(POD_IP)"),
-    (("metrics.bindAddress=0.0.0.0", "operator.livenessBindAddress=127.0.0.1"),
-     "0.0.0.0", "127.0.0.1"),
-], ids=["pod-ip", "from-values"])
+@pytest.mark.parametrize(
+    ("sets", "metrics", "liveness"),
+    [
+        ((), "$(POD_IP)", "$(POD_IP)"),
+        (
+            ("metrics.bindAddress=0.0.0.0", "operator.livenessBindAddress=127.0.0.1"),
+            "0.0.0.0",
+            "127.0.0.1",
+        ),
+    ],
+    ids=["pod-ip", "from-values"],
+)
 def test_metrics_and_liveness_listen_where_the_values_say(
-        sets: tuple[str, ...], metrics: str, liveness: str) -> None:
+    sets: tuple[str, ...], metrics: str, liveness: str
+) -> None:
     container = operator_container(render(*sets))
     assert f"--metrics-address={metrics}" in container["args"]
     assert f"--liveness-address={liveness}" in container["args"]
@@ -504,10 +571,16 @@ def test_liveness_and_metrics_ports_are_wired_to_probe_and_service() -> None:
         (("serviceMonitor.enabled=true",), ["ServiceMonitor"], ["ConfigMap"]),
         (("grafanaDashboard.enabled=true",), ["ConfigMap"], ["ServiceMonitor"]),
         (("metrics.service.enabled=false",), [], ["Service"]),
-        (("rbac.create=false", "rbac.userRoles=false"), [],
-         ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]),
-        (("admissionPolicies.enabled=false",), [],
-         ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]),
+        (
+            ("rbac.create=false", "rbac.userRoles=false"),
+            [],
+            ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"],
+        ),
+        (
+            ("admissionPolicies.enabled=false",),
+            [],
+            ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"],
+        ),
         ((), [], ["NetworkPolicy"]),
         (("networkPolicy.enabled=true",), ["NetworkPolicy"], []),
     ],

@@ -30,8 +30,9 @@ from tpujob.local.binaries import binary_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tpujob-operator"
-TEST_POOLS = controlplane.PoolOptions(pools=3, accelerator="tpu-v4-podslice", topology="2x2x2",
-                                      spare_nodes=1)
+TEST_POOLS = controlplane.PoolOptions(
+    pools=3, accelerator="tpu-v4-podslice", topology="2x2x2", spare_nodes=1
+)
 
 
 @dataclass
@@ -44,24 +45,32 @@ class LocalCluster:
     def api_client(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
-    def tpujob(self, *args: str, check: bool = True,
-               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def tpujob(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """Run the `tpujob` CLI as a user would, against this cluster."""
         argv = [sys.executable, "-m", "tpujob.cli", *args]
         if args and args[0] == "local":
             argv += ["--state-dir", str(self.state_dir)]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout,
-                              check=False)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=timeout, check=False
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed: {proc.stdout}\n{proc.stderr}")
         return proc
 
-    def kubectl(self, *args: str, input_text: str | None = None,
-                check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(self.bin_dir / "kubectl"), "--kubeconfig",
-                               str(self.kubeconfig), *args], capture_output=True, text=True,
-                              input=input_text, check=False, timeout=120)
+    def kubectl(
+        self, *args: str, input_text: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            input=input_text,
+            check=False,
+            timeout=120,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
         return proc
@@ -111,8 +120,10 @@ def wait_established(cluster: LocalCluster, names: list[str], timeout: float = 6
             crd = api.read_custom_resource_definition(name)
         except ApiException:
             return False
-        return any(c.type == "Established" and c.status == "True"
-                   for c in (crd.status.conditions if crd.status else None) or [])
+        return any(
+            c.type == "Established" and c.status == "True"
+            for c in (crd.status.conditions if crd.status else None) or []
+        )
 
     for name in names:
         wait_for(lambda n=name: established(n), timeout=timeout, what=f"CRD {name} Established")
@@ -161,8 +172,7 @@ def _has_default_sa(core: client.CoreV1Api, namespace: str) -> bool:
     return True
 
 
-def wait_for(check: Callable[[], Any], *, timeout: float, what: str,
-             interval: float = 0.25) -> Any:
+def wait_for(check: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.25) -> Any:
     """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -175,8 +185,9 @@ def wait_for(check: Callable[[], Any], *, timeout: float, what: str,
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: LocalCluster, crds_installed: None,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def operator(
+    cluster: LocalCluster, crds_installed: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     from tests.e2e.operator_fixture import OperatorProcess
 
     proc = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "log")
@@ -197,22 +208,39 @@ def healthy_nodes(cluster: LocalCluster, core: client.CoreV1Api) -> Iterator[Non
         name = node.metadata.name
         for fault in ("node-up", "tpu-healthy"):
             cluster.tpujob("local", "fault", fault, name)
-        taints = [t for t in node.spec.taints or []
-                  if t.key != labels.BAD_NODE_TAINT and t.key not in labels.MAINTENANCE_TAINTS]
-        node_labels = {k: None for k in labels.MAINTENANCE_LABELS
-                       if k in (node.metadata.labels or {})}
-        kept = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect))
-                 if v is not None} for t in taints]
-        core.patch_node(name, {"metadata": {"labels": node_labels},
-                               "spec": {"unschedulable": None, "taints": kept or None}},
-                        _content_type="application/merge-patch+json")
+        taints = [
+            t
+            for t in node.spec.taints or []
+            if t.key != labels.BAD_NODE_TAINT and t.key not in labels.MAINTENANCE_TAINTS
+        ]
+        node_labels = {
+            k: None for k in labels.MAINTENANCE_LABELS if k in (node.metadata.labels or {})
+        }
+        kept = [
+            {
+                k: v
+                for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect))
+                if v is not None
+            }
+            for t in taints
+        ]
+        core.patch_node(
+            name,
+            {
+                "metadata": {"labels": node_labels},
+                "spec": {"unschedulable": None, "taints": kept or None},
+            },
+            _content_type="application/merge-patch+json",
+        )
 
     def all_ready() -> bool:
         for node in core.list_node().items:
             ready = next(c.status for c in node.status.conditions if c.type == "Ready")
             keys = {t.key for t in node.spec.taints or []}
-            if ready != "True" or keys & {"node.kubernetes.io/unreachable",
-                                          "node.kubernetes.io/not-ready"}:
+            if ready != "True" or keys & {
+                "node.kubernetes.io/unreachable",
+                "node.kubernetes.io/not-ready",
+            }:
                 return False
         return True
 
@@ -229,17 +257,23 @@ def wait_host_paths_admitted(cluster: LocalCluster, timeout: float = 90) -> None
     from tpujob.api import GROUP, PLURAL, VERSION
 
     custom = client.CustomObjectsApi(cluster.api_client())
-    probe = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TPUTrainingJob",
-             "metadata": {"name": "admission-probe"},
-             "spec": {"tpu": {"accelerator": "tpu-v4-podslice", "topology": "2x2x2"},
-                      "trainer": {"image": "local", "command": ["true"]},
-                      "checkpoint": {"volume": {"hostPath": "/var/tmp/probe"}},
-                      "recovery": {"maxFailedNodes": 1}}}
+    probe = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TPUTrainingJob",
+        "metadata": {"name": "admission-probe"},
+        "spec": {
+            "tpu": {"accelerator": "tpu-v4-podslice", "topology": "2x2x2"},
+            "trainer": {"image": "local", "command": ["true"]},
+            "checkpoint": {"volume": {"hostPath": "/var/tmp/probe"}},
+            "recovery": {"maxFailedNodes": 1},
+        },
+    }
 
     def admitted() -> bool:
         try:
-            custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, probe,
-                                                   dry_run="All")
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, "default", PLURAL, probe, dry_run="All"
+            )
         except ApiException:
             return False
         return True
@@ -247,11 +281,18 @@ def wait_host_paths_admitted(cluster: LocalCluster, timeout: float = 90) -> None
     wait_for(admitted, timeout=timeout, what="hostPath jobs admitted again", interval=1)
 
 
-def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: str,
-                  only: tuple[str, ...] = ()) -> str:
+def helm_template(
+    cluster: LocalCluster, release: str, namespace: str, *sets: str, only: tuple[str, ...] = ()
+) -> str:
     """`helm template` of the chart with `--set` values, limited to the `only` templates."""
-    args = [str(cluster.bin_dir / "helm"), "template", release, str(CHART), "--namespace",
-            namespace]
+    args = [
+        str(cluster.bin_dir / "helm"),
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+    ]
     for item in sets:
         args += ["--set", item]
     for template in only:
@@ -259,4 +300,3 @@ def helm_template(cluster: LocalCluster, release: str, namespace: str, *sets: st
     proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-

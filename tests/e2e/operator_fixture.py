@@ -27,12 +27,24 @@ from tpujob.api import GROUP, PLURAL, VERSION
 # Tests wait for a trainer to reach a step before they strike, so progress reaches the status
 # every 2 s here (users get the default, 15 s). Jobs in namespaces named test-trusted-* (tests
 # whose names start with test_trusted_) may taint a node by their own history.
-OPERATOR_ARGS = ("--namespace", "test-*", "--trust-job-history", "test-trusted-*",
-                 "--metrics-port", "0",
-                 "--liveness-address", "127.0.0.1",
-                 "--collective-timeout", "15",
-                 "--force-delete-after", "3", "--restart-grace", "3",
-                 "--progress-interval", "2")
+OPERATOR_ARGS = (
+    "--namespace",
+    "test-*",
+    "--trust-job-history",
+    "test-trusted-*",
+    "--metrics-port",
+    "0",
+    "--liveness-address",
+    "127.0.0.1",
+    "--collective-timeout",
+    "15",
+    "--force-delete-after",
+    "3",
+    "--restart-grace",
+    "3",
+    "--progress-interval",
+    "2",
+)
 
 
 def free_port() -> int:
@@ -53,8 +65,9 @@ class OperatorProcess:
     def healthy(self) -> bool:
         """Whether its /healthz answers 200 now (kopf's liveness probe)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz",
-                                        timeout=5) as answer:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=5
+            ) as answer:
                 return int(answer.status) == 200
         except OSError:
             return False
@@ -64,10 +77,22 @@ class OperatorProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
         log.write(f"--- start {self.starts} ---\n".encode())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tpujob.cli", "operator", "--kubeconfig",
-             str(self.kubeconfig), *self.args, "--liveness-port", str(self.liveness_port)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "tpujob.cli",
+                "operator",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                *self.args,
+                "--liveness-port",
+                str(self.liveness_port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
 
     def kill(self) -> None:
         """SIGKILL: no handler runs, no cleanup happens, as when a node dies under it."""
@@ -93,9 +118,16 @@ def job_status(custom: client.CustomObjectsApi, namespace: str, name: str) -> di
     return dict(body.get("status") or {})
 
 
-def wait_status(custom: client.CustomObjectsApi, namespace: str, name: str, check: Any, *,
-                timeout: float, what: str, operator: OperatorProcess | None = None,
-                ) -> dict[str, Any]:
+def wait_status(
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    name: str,
+    check: Any,
+    *,
+    timeout: float,
+    what: str,
+    operator: OperatorProcess | None = None,
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -104,5 +136,7 @@ def wait_status(custom: client.CustomObjectsApi, namespace: str, name: str, chec
             return status
         time.sleep(0.5)
     tail = operator.log_tail() if operator else ""
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; status: "
-                         f"{status}\noperator log:\n{tail}")
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}; status: "
+        f"{status}\noperator log:\n{tail}"
+    )

@@ -24,28 +24,53 @@ pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.usefixtures(
 
 
 def helm(cluster: LocalCluster, *args: str) -> str:
-    proc = subprocess.run([str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig),
-                           *args], capture_output=True, text=True, check=False, timeout=300)
+    proc = subprocess.run(
+        [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stderr}"
     return proc.stdout
 
 
 @contextlib.contextmanager
-def _installed(cluster: LocalCluster, core: client.CoreV1Api,
-               tmp_path_factory: pytest.TempPathFactory,
-               *values: str) -> Iterator[tuple[str, str, Path]]:
+def _installed(
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    tmp_path_factory: pytest.TempPathFactory,
+    *values: str,
+) -> Iterator[tuple[str, str, Path]]:
     suffix = uuid.uuid4().hex[:5]
     # The chart admits hostPath checkpoints only under the prefixes it is given.
     checkpoints = tmp_path_factory.mktemp("helm-checkpoints")
     system, jobs = f"helm-system-{suffix}", f"helm-jobs-{suffix}"
     core.create_namespace({"metadata": {"name": jobs}})
-    wait_for(lambda: core.list_namespaced_service_account(jobs).items, timeout=30,
-             what="default ServiceAccount")
-    sets = [f"watchNamespaces={{{jobs}}}", f"hostPathPrefixes={{{checkpoints}}}",
-            "operator.extraArgs={--collective-timeout=15,--force-delete-after=3,"
-            "--restart-grace=3}", *values]
-    helm(cluster, "install", "tpujob", str(CHART), "--namespace", system, "--create-namespace",
-         *(a for v in sets for a in ("--set", v)), "--wait", "--timeout", "120s")
+    wait_for(
+        lambda: core.list_namespaced_service_account(jobs).items,
+        timeout=30,
+        what="default ServiceAccount",
+    )
+    sets = [
+        f"watchNamespaces={{{jobs}}}",
+        f"hostPathPrefixes={{{checkpoints}}}",
+        "operator.extraArgs={--collective-timeout=15,--force-delete-after=3,--restart-grace=3}",
+        *values,
+    ]
+    helm(
+        cluster,
+        "install",
+        "tpujob",
+        str(CHART),
+        "--namespace",
+        system,
+        "--create-namespace",
+        *(a for v in sets for a in ("--set", v)),
+        "--wait",
+        "--timeout",
+        "120s",
+    )
     try:
         yield system, jobs, checkpoints
     finally:
@@ -55,27 +80,38 @@ def _installed(cluster: LocalCluster, core: client.CoreV1Api,
 
 
 @pytest.fixture
-def installed(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+def installed(
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    crds_installed: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, str, Path]]:
     with _installed(cluster, core, tmp_path_factory) as where:
         yield where
 
 
 @pytest.fixture
-def two_replicas(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+def two_replicas(
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    crds_installed: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, str, Path]]:
     with _installed(cluster, core, tmp_path_factory, "replicas=2") as where:
         yield where
 
 
 def _operator_pods(core: client.CoreV1Api, system: str) -> list[Any]:
-    return [p for p in core.list_namespaced_pod(system).items
-            if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
+    return [
+        p
+        for p in core.list_namespaced_pod(system).items
+        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
+    ]
 
 
 def test_helm_installed_operator_recovers_a_hard_failure_in_cluster(
-        cluster: LocalCluster, core: client.CoreV1Api,
-        installed: tuple[str, str, Path]) -> None:
+    cluster: LocalCluster, core: client.CoreV1Api, installed: tuple[str, str, Path]
+) -> None:
     system, jobs, checkpoints = installed
     operator_pod = core.list_namespaced_pod(system).items[0]
     assert operator_pod.spec.service_account_name.startswith("tpujob")
@@ -95,17 +131,32 @@ UPGRADE_STEPS = 600
 
 
 def test_helm_upgrade_of_two_replicas_to_a_new_tag_leaves_a_training_job_untouched(
-        cluster: LocalCluster, core: client.CoreV1Api,
-        two_replicas: tuple[str, str, Path]) -> None:
+    cluster: LocalCluster, core: client.CoreV1Api, two_replicas: tuple[str, str, Path]
+) -> None:
     system, jobs, checkpoints = two_replicas
     before = {p.metadata.name for p in _operator_pods(core, system)}
     assert len(before) == 2
     run = Run(cluster, jobs, None, training_job("upgraded", checkpoints, steps=UPGRADE_STEPS))
     run.wait_training(step=15)
-    helm(cluster, "upgrade", "tpujob", str(CHART), "--namespace", system, "--reuse-values",
-         "--set", "image.tag=next", "--wait", "--timeout", "240s")
-    wait_for(lambda: not before & {p.metadata.name for p in core.list_namespaced_pod(system).items},
-             timeout=120, what="the old replicas gone")
+    helm(
+        cluster,
+        "upgrade",
+        "tpujob",
+        str(CHART),
+        "--namespace",
+        system,
+        "--reuse-values",
+        "--set",
+        "image.tag=next",
+        "--wait",
+        "--timeout",
+        "240s",
+    )
+    wait_for(
+        lambda: not before & {p.metadata.name for p in core.list_namespaced_pod(system).items},
+        timeout=120,
+        what="the old replicas gone",
+    )
     after = _operator_pods(core, system)
     assert len(after) == 2
     assert all(p.spec.containers[0].image.endswith(":next") for p in after)

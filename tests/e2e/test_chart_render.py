@@ -17,6 +17,7 @@ from tests.e2e.conftest import CHART, helm_template
 
 pytestmark = pytest.mark.cluster
 
+
 def run(
     cluster: Any, tool: str, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -58,8 +59,11 @@ def chart_crds(cluster: Any, crds_installed: Any) -> None:
             id="dashboard-and-local-image",
         ),
         pytest.param(
-            ("hostPathPrefixes={/var/tmp/tpujob,/data/}", "networkPolicy.enabled=true",
-             "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring"),
+            (
+                "hostPathPrefixes={/var/tmp/tpujob,/data/}",
+                "networkPolicy.enabled=true",
+                "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+            ),
             id="host-paths-and-network-policy",
         ),
     ],

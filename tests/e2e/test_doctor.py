@@ -24,16 +24,31 @@ def by_check(findings: list[dict[str, Any]], check: str) -> list[dict[str, Any]]
 def test_doctor_before_and_after_install(cluster: LocalCluster) -> None:
     # Other tests of the session may have applied the CRDs already; deleting them would
     # break those, so the CRD finding is checked only on a fresh cluster.
-    crd_present = cluster.kubectl("get", "crd", "tputrainingjobs.tpujob.dev",
-                                  check=False).returncode == 0
+    crd_present = (
+        cluster.kubectl("get", "crd", "tputrainingjobs.tpujob.dev", check=False).returncode == 0
+    )
     # An operator another test installed and removed may still be terminating.
-    wait_for(lambda: not cluster.kubectl(
-        "get", "pods", "-A", "-l", "app.kubernetes.io/name=tpujob-operator", "-o", "name",
-        check=False).stdout.strip(), timeout=120, what="no operator pod left")
+    wait_for(
+        lambda: (
+            not cluster.kubectl(
+                "get",
+                "pods",
+                "-A",
+                "-l",
+                "app.kubernetes.io/name=tpujob-operator",
+                "-o",
+                "name",
+                check=False,
+            ).stdout.strip()
+        ),
+        timeout=120,
+        what="no operator pod left",
+    )
     code, findings = doctor(cluster)
     assert code == 1
-    assert [f["level"] for f in by_check(findings, "crd")] == \
-        (["ok"] if crd_present else ["problem"])
+    assert [f["level"] for f in by_check(findings, "crd")] == (
+        ["ok"] if crd_present else ["problem"]
+    )
     assert [f["level"] for f in by_check(findings, "operator")] == ["problem"]
     pools = {f["subject"]: f for f in by_check(findings, "node-pools")}
     assert {"tpu-pool-0", "tpu-pool-1", "tpu-pool-2"} <= set(pools)
@@ -43,9 +58,20 @@ def test_doctor_before_and_after_install(cluster: LocalCluster) -> None:
     assert human.returncode == 1
     assert "problem(s)" in human.stdout
 
-    helm(cluster, "install", "doctor", str(CHART), "--namespace", "doctor-system",
-         "--create-namespace", "--wait", "--timeout", "180s")
+    helm(
+        cluster,
+        "install",
+        "doctor",
+        str(CHART),
+        "--namespace",
+        "doctor-system",
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
     try:
+
         def healthy() -> list[dict[str, Any]] | None:
             code, found = doctor(cluster)
             return found if code == 0 else None

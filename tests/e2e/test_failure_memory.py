@@ -23,20 +23,30 @@ from tests.e2e.test_operator_recovery import Run, training_job
 
 from tpujob import labels
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer,
-              pytest.mark.usefixtures("operator", "healthy_nodes")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.trainer,
+    pytest.mark.usefixtures("operator", "healthy_nodes"),
+]
 
 
 def test_the_same_failure_on_two_slices_ends_the_job_fatal_after_the_second(
-        cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
     # Exit 40 is the trainer's "checkpoint restore failed": retryable on its own. Worker 2 is
     # slice 1's first worker (two hosts per slice).
     faults = ("exit-code=40@5:worker=0:attempt=1", "exit-code=40@5:worker=2:attempt=2")
-    run = Run(cluster, namespace, operator,
-              training_job("twice", tmp_path, slices=2, steps=60, faults=faults))
+    run = Run(
+        cluster,
+        namespace,
+        operator,
+        training_job("twice", tmp_path, slices=2, steps=60, faults=faults),
+    )
     status = run.wait_phase("Failed")
-    context = (f"last failure {status.get('lastFailure')}; history {status.get('failureHistory')};"
-               f" timeline {status.get('timeline')}")
+    context = (
+        f"last failure {status.get('lastFailure')}; history {status.get('failureHistory')};"
+        f" timeline {status.get('timeline')}"
+    )
     assert status["attempt"] == 2, context
     assert status["restarts"]["medium"] == 1
     failure = status["lastFailure"]
@@ -45,13 +55,15 @@ def test_the_same_failure_on_two_slices_ends_the_job_fatal_after_the_second(
     evidence = " ".join(failure.get("evidence", []))
     # The repeat guard (same failure, same trainer-reported step) or the memory (the same
     # failure on other nodes) says why: either way the recurrence is the evidence.
-    assert re.search(r"previous failure CHECKPOINT_RESTORE_FAILED\S* at step \d+|seen 2 times",
-                     evidence), failure
+    assert re.search(
+        r"previous failure CHECKPOINT_RESTORE_FAILED\S* at step \d+|seen 2 times", evidence
+    ), failure
     run.told(lambda m: "FATAL" in m)
 
 
-def repeat_on_one_node(cluster: LocalCluster, namespace: str, operator: OperatorProcess,
-                       tmp_path: Path) -> tuple[dict[str, Any], str, Run]:
+def repeat_on_one_node(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> tuple[dict[str, Any], str, Run]:
     """A job whose worker crashes on one node twice, trained to the end elsewhere; checks what
     holds wherever the namespace is, returns the final status and the node."""
     # A worker on one node dies of SIGSEGV (a host's memory errors look like this) mid-training,
@@ -59,21 +71,31 @@ def repeat_on_one_node(cluster: LocalCluster, namespace: str, operator: Operator
     # reached. A restart keeps the slice's pool, not each worker's node (the scheduler may swap
     # the two workers between the pool's two nodes), so the fault follows the node: whichever
     # worker attempt 2 runs there is the one that crashes.
-    run = Run(cluster, namespace, operator,
-              training_job("samenode", tmp_path, steps=100, step_time=0.2))
+    run = Run(
+        cluster, namespace, operator, training_job("samenode", tmp_path, steps=100, step_time=0.2)
+    )
     before = run.wait_training(step=22)
     node = run.node_of(1, 0, 1)
     pool = before["currentAttempt"]["placement"][0]["nodePool"]
-    cluster.tpujob("local", "fault", "kill", "samenode-1-0-1", "-n", namespace,
-                   "--signal", "SEGV")
+    cluster.tpujob("local", "fault", "kill", "samenode-1-0-1", "-n", namespace, "--signal", "SEGV")
 
     def crashed_on_node() -> bool:
         # The first attempt 2 worker running there; its process may not exist for a moment.
-        pod = next((p.metadata.name for p in run.pods(2) if p.spec.node_name == node
-                    and p.status.phase == "Running"), None)
-        return pod is not None and cluster.tpujob(
-            "local", "fault", "kill", pod, "-n", namespace, "--signal", "SEGV",
-            check=False).returncode == 0
+        pod = next(
+            (
+                p.metadata.name
+                for p in run.pods(2)
+                if p.spec.node_name == node and p.status.phase == "Running"
+            ),
+            None,
+        )
+        return (
+            pod is not None
+            and cluster.tpujob(
+                "local", "fault", "kill", pod, "-n", namespace, "--signal", "SEGV", check=False
+            ).returncode
+            == 0
+        )
 
     wait_for(crashed_on_node, timeout=180, what=f"an attempt 2 worker on {node} crashed")
     status = run.wait_phase("Succeeded")
@@ -99,13 +121,19 @@ def repeat_on_one_node(cluster: LocalCluster, namespace: str, operator: Operator
 
 
 def tpujob_taint(core: client.CoreV1Api, node: str) -> str | None:
-    return next((t.value for t in core.read_node(node).spec.taints or []
-                 if t.key == labels.BAD_NODE_TAINT), None)
+    return next(
+        (t.value for t in core.read_node(node).spec.taints or [] if t.key == labels.BAD_NODE_TAINT),
+        None,
+    )
 
 
 def test_a_failure_that_repeats_on_one_node_moves_the_slice_off_it_without_a_taint(
-        cluster: LocalCluster, core: client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, tmp_path: Path) -> None:
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
     status, node, _ = repeat_on_one_node(cluster, namespace, operator, tmp_path)
     assert [(n["name"], n.get("jobOnly")) for n in status["failedNodes"]] == [(node, True)]
     # One job's own failures cannot get a node tainted for everyone (a job's author controls
@@ -114,13 +142,18 @@ def test_a_failure_that_repeats_on_one_node_moves_the_slice_off_it_without_a_tai
 
 
 def test_trusted_namespace_a_failure_that_repeats_on_one_node_taints_it(
-        cluster: LocalCluster, core: client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, tmp_path: Path) -> None:
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
     # This namespace (test-trusted-...) is one the operator trusts with its jobs' history
     # (`--trust-job-history`, chart value nodeBlame.trustedNamespaces): the node is marked bad.
     assert namespace.startswith("test-trusted-")
     status, node, run = repeat_on_one_node(cluster, namespace, operator, tmp_path)
-    assert [(n["name"], n.get("jobOnly"), n.get("marked")) for n in status["failedNodes"]] == \
-        [(node, None, True)], status["failedNodes"]
+    assert [(n["name"], n.get("jobOnly"), n.get("marked")) for n in status["failedNodes"]] == [
+        (node, None, True)
+    ], status["failedNodes"]
     assert tpujob_taint(core, node) is not None
     assert any("marked bad" in m and node in m for m in run.events()), run.events()

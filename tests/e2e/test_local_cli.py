@@ -18,9 +18,14 @@ pytestmark = pytest.mark.cluster
 
 
 def local(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpujob.cli", "local", *args],
-                          capture_output=True, text=True, timeout=180, check=False,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tpujob.cli", "local", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -66,8 +71,7 @@ def test_busy_state_dir_is_refused(tmp_path: Path) -> None:
 def test_missing_binary_is_named(tmp_path: Path) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
-    result = local("up", "--state-dir", str(tmp_path / "state"),
-                   env={"TPUJOB_BIN_DIR": str(empty)})
+    result = local("up", "--state-dir", str(tmp_path / "state"), env={"TPUJOB_BIN_DIR": str(empty)})
     assert result.returncode == 1
     assert "missing binary etcd" in result.stderr
 

@@ -20,11 +20,18 @@ TPU_TOLERATION = {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSc
 
 
 def pod_manifest(name: str, command: list[str], **spec: Any) -> dict[str, Any]:
-    container = {"name": "main", "image": "local", "command": command,
-                 **spec.pop("container", {})}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "containers": [container],
-                     "terminationGracePeriodSeconds": 2, **spec}}
+    container = {"name": "main", "image": "local", "command": command, **spec.pop("container", {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [container],
+            "terminationGracePeriodSeconds": 2,
+            **spec,
+        },
+    }
 
 
 def phase_of(core: client.CoreV1Api, ns: str, name: str) -> str:
@@ -38,19 +45,27 @@ def terminated_state(core: client.CoreV1Api, ns: str, name: str) -> Any:
 
 
 def test_failed_container_reports_exit_code_and_termination_message(
-        core: client.CoreV1Api, namespace: str) -> None:
-    core.create_namespaced_pod(namespace, pod_manifest(
-        "bad", ["sh", "-c", "echo bad >/dev/termination-log; exit 3"]))
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    core.create_namespaced_pod(
+        namespace, pod_manifest("bad", ["sh", "-c", "echo bad >/dev/termination-log; exit 3"])
+    )
     wait_for(lambda: phase_of(core, namespace, "bad") == "Failed", timeout=60, what="Failed")
     state = terminated_state(core, namespace, "bad")
     assert (state.exit_code, state.reason, state.message) == (3, "Error", "bad")
 
 
 def test_fallback_to_logs_on_error_puts_the_log_tail_in_the_message(
-        core: client.CoreV1Api, namespace: str) -> None:
-    core.create_namespaced_pod(namespace, pod_manifest(
-        "tail", ["sh", "-c", "echo first; echo 'Gloo all-reduce failed' >&2; exit 1"],
-        container={"terminationMessagePolicy": "FallbackToLogsOnError"}))
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    core.create_namespaced_pod(
+        namespace,
+        pod_manifest(
+            "tail",
+            ["sh", "-c", "echo first; echo 'Gloo all-reduce failed' >&2; exit 1"],
+            container={"terminationMessagePolicy": "FallbackToLogsOnError"},
+        ),
+    )
     wait_for(lambda: phase_of(core, namespace, "tail") == "Failed", timeout=60, what="Failed")
     assert "Gloo all-reduce failed" in terminated_state(core, namespace, "tail").message
 
@@ -65,13 +80,22 @@ def test_missing_command_fails_with_start_error(core: client.CoreV1Api, namespac
 
 
 def test_tpu_pods_land_only_on_tpu_nodes_with_room(core: client.CoreV1Api, namespace: str) -> None:
-    tpu_nodes = [n for n in core.list_node().items
-                 if int((n.status.allocatable or {}).get("google.com/tpu", "0")) >= 4]
+    tpu_nodes = [
+        n
+        for n in core.list_node().items
+        if int((n.status.allocatable or {}).get("google.com/tpu", "0")) >= 4
+    ]
     count = len(tpu_nodes) + 1
     for i in range(count):
-        core.create_namespaced_pod(namespace, pod_manifest(
-            f"tpu-{i}", ["sleep", "300"], tolerations=[TPU_TOLERATION],
-            container={"resources": {"limits": {"google.com/tpu": "4"}}}))
+        core.create_namespaced_pod(
+            namespace,
+            pod_manifest(
+                f"tpu-{i}",
+                ["sleep", "300"],
+                tolerations=[TPU_TOLERATION],
+                container={"resources": {"limits": {"google.com/tpu": "4"}}},
+            ),
+        )
 
     def placed() -> list[Any] | None:
         pods = core.list_namespaced_pod(namespace).items
@@ -83,8 +107,7 @@ def test_tpu_pods_land_only_on_tpu_nodes_with_room(core: client.CoreV1Api, names
     assert nodes == sorted(n.metadata.name for n in tpu_nodes)  # one per TPU node, none twice
 
     def unschedulable() -> str:
-        pending = next(p for p in core.list_namespaced_pod(namespace).items
-                       if not p.spec.node_name)
+        pending = next(p for p in core.list_namespaced_pod(namespace).items if not p.spec.node_name)
         cond = next((c for c in pending.status.conditions or [] if c.type == "PodScheduled"), None)
         return str(cond.message) if cond is not None and cond.message else ""
 
@@ -112,18 +135,30 @@ CLIENT = textwrap.dedent("""
 
 
 def test_pods_reach_each_other_by_dns_name_on_their_own_addresses(
-        core: client.CoreV1Api, namespace: str) -> None:
-    core.create_namespaced_service(namespace, {
-        "metadata": {"name": "workers"},
-        "spec": {"clusterIP": "None", "selector": {"app": "w"}, "ports": [{"port": 8476}]}})
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "workers"},
+            "spec": {"clusterIP": "None", "selector": {"app": "w"}, "ports": [{"port": 8476}]},
+        },
+    )
     for name in ("w0", "w1"):  # both listen on the same port: each pod has its own namespace
-        core.create_namespaced_pod(namespace, {
-            **pod_manifest(name, [PY, "-c", SERVER], hostname=name, subdomain="workers"),
-            "metadata": {"name": name, "labels": {"app": "w"}}})
+        core.create_namespaced_pod(
+            namespace,
+            {
+                **pod_manifest(name, [PY, "-c", SERVER], hostname=name, subdomain="workers"),
+                "metadata": {"name": name, "labels": {"app": "w"}},
+            },
+        )
     fqdn = f"w0.workers.{namespace}.svc.cluster.local"
     core.create_namespaced_pod(namespace, pod_manifest("client", [PY, "-c", CLIENT, fqdn]))
-    wait_for(lambda: phase_of(core, namespace, "client") == "Succeeded", timeout=60,
-             what="client Succeeded")
+    wait_for(
+        lambda: phase_of(core, namespace, "client") == "Succeeded",
+        timeout=60,
+        what="client Succeeded",
+    )
     log = core.read_namespaced_pod_log("client", namespace)
     assert "got w0" in log
     ips = {core.read_namespaced_pod(n, namespace).status.pod_ip for n in ("w0", "w1", "client")}
@@ -131,8 +166,9 @@ def test_pods_reach_each_other_by_dns_name_on_their_own_addresses(
     assert not any(ip.startswith("127.") for ip in ips)
 
 
-def test_killed_container_reports_the_signal(cluster: LocalCluster, core: client.CoreV1Api,
-                                             namespace: str) -> None:
+def test_killed_container_reports_the_signal(
+    cluster: LocalCluster, core: client.CoreV1Api, namespace: str
+) -> None:
     core.create_namespaced_pod(namespace, pod_manifest("victim", ["sleep", "300"]))
     wait_for(lambda: phase_of(core, namespace, "victim") == "Running", timeout=60, what="Running")
     cluster.tpujob("local", "fault", "kill", "victim", "-n", namespace)
@@ -141,10 +177,18 @@ def test_killed_container_reports_the_signal(cluster: LocalCluster, core: client
 
 
 def test_restart_policy_always_restarts_and_counts(core: client.CoreV1Api, namespace: str) -> None:
-    core.create_namespaced_pod(namespace, {
-        **pod_manifest("flaky", ["sh", "-c", "exit 2"]),
-        "spec": {"restartPolicy": "Always", "containers": [
-            {"name": "main", "image": "local", "command": ["sh", "-c", "exit 2"]}]}})
+    core.create_namespaced_pod(
+        namespace,
+        {
+            **pod_manifest("flaky", ["sh", "-c", "exit 2"]),
+            "spec": {
+                "restartPolicy": "Always",
+                "containers": [
+                    {"name": "main", "image": "local", "command": ["sh", "-c", "exit 2"]}
+                ],
+            },
+        },
+    )
 
     def restarted() -> bool:
         statuses = core.read_namespaced_pod("flaky", namespace).status.container_statuses
@@ -162,8 +206,9 @@ def test_deleted_pod_gets_sigterm_then_goes(core: client.CoreV1Api, namespace: s
     core.delete_namespaced_pod("graceful", namespace)
 
     def gone() -> bool:
-        return not any(p.metadata.name == "graceful"
-                       for p in core.list_namespaced_pod(namespace).items)
+        return not any(
+            p.metadata.name == "graceful" for p in core.list_namespaced_pod(namespace).items
+        )
 
     wait_for(gone, timeout=30, what="pod removed")
 
@@ -174,18 +219,26 @@ def node_ready(core: client.CoreV1Api, name: str) -> str:
 
 
 def test_node_down_makes_node_not_ready_and_evicts_its_pods(
-        cluster: LocalCluster, core: client.CoreV1Api, namespace: str) -> None:
+    cluster: LocalCluster, core: client.CoreV1Api, namespace: str
+) -> None:
     node = "tpu-pool-2-w1"
-    core.create_namespaced_pod(namespace, pod_manifest(
-        "doomed", ["sleep", "300"], nodeName=node, tolerations=[TPU_TOLERATION]))
+    core.create_namespaced_pod(
+        namespace,
+        pod_manifest("doomed", ["sleep", "300"], nodeName=node, tolerations=[TPU_TOLERATION]),
+    )
     wait_for(lambda: phase_of(core, namespace, "doomed") == "Running", timeout=60, what="Running")
     cluster.tpujob("local", "fault", "node-down", node)
     try:
         wait_for(lambda: node_ready(core, node) == "Unknown", timeout=60, what="Ready=Unknown")
         # The node-lifecycle controller taints the node a moment after marking it Unknown.
-        wait_for(lambda: "node.kubernetes.io/unreachable" in {
-            t.key for t in core.read_node(node).spec.taints or []}, timeout=30,
-            what="unreachable taint")
+        wait_for(
+            lambda: (
+                "node.kubernetes.io/unreachable"
+                in {t.key for t in core.read_node(node).spec.taints or []}
+            ),
+            timeout=30,
+            what="unreachable taint",
+        )
 
         def evicted() -> bool:
             pod = core.read_namespaced_pod("doomed", namespace)
@@ -216,24 +269,49 @@ IN_CLUSTER = textwrap.dedent("""
 
 
 def test_deployment_pod_uses_its_service_account_with_rbac_enforced(
-        cluster: LocalCluster, core: client.CoreV1Api, namespace: str) -> None:
+    cluster: LocalCluster, core: client.CoreV1Api, namespace: str
+) -> None:
     api = cluster.api_client()
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "lister"}})
     rbac = client.RbacAuthorizationV1Api(api)
-    rbac.create_namespaced_role(namespace, {
-        "metadata": {"name": "list-pods"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "list-pods"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
-        "subjects": [{"kind": "ServiceAccount", "name": "lister", "namespace": namespace}]})
-    client.AppsV1Api(api).create_namespaced_deployment(namespace, {
-        "metadata": {"name": "lister"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "lister"}},
-                 "template": {"metadata": {"labels": {"app": "lister"}},
-                              "spec": {"serviceAccountName": "lister", "containers": [
-                                  {"name": "main", "image": "local",
-                                   "command": [PY, "-c", IN_CLUSTER]}]}}}})
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "list-pods"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "list-pods"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "list-pods",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "lister", "namespace": namespace}],
+        },
+    )
+    client.AppsV1Api(api).create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {"name": "lister"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "lister"}},
+                "template": {
+                    "metadata": {"labels": {"app": "lister"}},
+                    "spec": {
+                        "serviceAccountName": "lister",
+                        "containers": [
+                            {"name": "main", "image": "local", "command": [PY, "-c", IN_CLUSTER]}
+                        ],
+                    },
+                },
+            },
+        },
+    )
 
     def log_lines() -> str:
         pods = core.list_namespaced_pod(namespace, label_selector="app=lister").items
@@ -248,12 +326,12 @@ def test_deployment_pod_uses_its_service_account_with_rbac_enforced(
 
 
 def test_a_finished_pods_address_goes_to_one_new_pod_only(
-        core: client.CoreV1Api, namespace: str) -> None:
+    core: client.CoreV1Api, namespace: str
+) -> None:
     # A finished pod gives its address back when its containers end; deleting it later from
     # the API must not give the address back a second time, while a newer pod holds it.
     core.create_namespaced_pod(namespace, pod_manifest("done", ["true"]))
-    wait_for(lambda: phase_of(core, namespace, "done") == "Succeeded", timeout=60,
-             what="Succeeded")
+    wait_for(lambda: phase_of(core, namespace, "done") == "Succeeded", timeout=60, what="Succeeded")
     freed = core.read_namespaced_pod("done", namespace).status.pod_ip
 
     def running_ip(name: str) -> str | None:
@@ -269,8 +347,13 @@ def test_a_finished_pods_address_goes_to_one_new_pod_only(
             break
     assert holder is not None, f"no new pod was given the freed address {freed}"
     core.delete_namespaced_pod("done", namespace)
-    wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace).items
-                          if p.metadata.name == "done"], timeout=60, what="done deleted")
+    wait_for(
+        lambda: (
+            not [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name == "done"]
+        ),
+        timeout=60,
+        what="done deleted",
+    )
     core.create_namespaced_pod(namespace, pod_manifest("after", ["sleep", "300"]))
     after = wait_for(lambda: running_ip("after"), timeout=60, what="Running")
     assert after != freed, f"pods {holder} and after share the address {freed}"

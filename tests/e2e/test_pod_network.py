@@ -16,8 +16,10 @@ import pytest
 
 from tpujob.local import network
 
-CONNECT = ("import socket, sys\n"
-           "socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n")
+CONNECT = (
+    "import socket, sys\n"
+    "socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
+)
 
 
 @pytest.fixture
@@ -35,13 +37,18 @@ def bridge_address(net: network.ClusterNetwork) -> str:
 
 
 def connects_to_gateway(net: network.ClusterNetwork, ns: str, port: int) -> bool:
-    proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", CONNECT,
-                           net.gateway, str(port)], capture_output=True, check=False, timeout=20)
+    proc = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", CONNECT, net.gateway, str(port)],
+        capture_output=True,
+        check=False,
+        timeout=20,
+    )
     return proc.returncode == 0
 
 
 def test_a_pod_still_reaches_the_gateway_after_another_pods_network_goes(
-        pod_net: network.ClusterNetwork) -> None:
+    pod_net: network.ClusterNetwork,
+) -> None:
     with socket.create_server((pod_net.gateway, 0)) as server:
         server.listen(16)
         port = server.getsockname()[1]

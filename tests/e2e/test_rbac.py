@@ -24,12 +24,7 @@ from tests.contract.test_chart import (
     WATCHED_NAMESPACE_RIGHTS,
     WATCHED_NAMESPACES_CLUSTER_RIGHTS,
 )
-from tests.e2e.conftest import (
-    LocalCluster,
-    helm_template,
-    wait_for,
-    wait_host_paths_admitted,
-)
+from tests.e2e.conftest import LocalCluster, helm_template, wait_for, wait_host_paths_admitted
 
 pytestmark = pytest.mark.cluster
 
@@ -51,12 +46,23 @@ class Operator:
 
     def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
         resource, _, sub = resource.partition("/")
-        review = {"spec": {
-            "user": self.user,
-            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{self.home}",
-                       "system:authenticated"],
-            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                   "subresource": sub, "namespace": namespace or ""}}}
+        review = {
+            "spec": {
+                "user": self.user,
+                "groups": [
+                    "system:serviceaccounts",
+                    f"system:serviceaccounts:{self.home}",
+                    "system:authenticated",
+                ],
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    "subresource": sub,
+                    "namespace": namespace or "",
+                },
+            }
+        }
         return bool(self.authz.create_subject_access_review(review).status.allowed)
 
 
@@ -68,36 +74,62 @@ def other_namespace(core: client.CoreV1Api, namespace: str) -> Iterator[str]:
     core.delete_namespace(name)
 
 
-def install(cluster: LocalCluster, core: client.CoreV1Api, home: str,
-            watched: tuple[str, ...]) -> Iterator[Operator]:
+def install(
+    cluster: LocalCluster, core: client.CoreV1Api, home: str, watched: tuple[str, ...]
+) -> Iterator[Operator]:
     sets = [f"watchNamespaces={{{','.join(watched)}}}"] if watched else []
-    rendered = helm_template(cluster, f"rbac-{home[-5:]}", home, *sets, only=(
-        "templates/serviceaccount.yaml", "templates/rbac.yaml",
-        "templates/admission-policies.yaml"))
+    rendered = helm_template(
+        cluster,
+        f"rbac-{home[-5:]}",
+        home,
+        *sets,
+        only=(
+            "templates/serviceaccount.yaml",
+            "templates/rbac.yaml",
+            "templates/admission-policies.yaml",
+        ),
+    )
     cluster.kubectl("apply", "-f", "-", input_text=rendered)
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     account = next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
-    lease_role = next((d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"
-                       and d["metadata"]["name"].endswith("-leases")), None)
+    lease_role = next(
+        (
+            d["metadata"]["name"]
+            for d in docs
+            if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-leases")
+        ),
+        None,
+    )
     try:
-        yield Operator(f"system:serviceaccount:{home}:{account}", home, watched,
-                       client.AuthorizationV1Api(core.api_client), account, lease_role)
+        yield Operator(
+            f"system:serviceaccount:{home}:{account}",
+            home,
+            watched,
+            client.AuthorizationV1Api(core.api_client),
+            account,
+            lease_role,
+        )
     finally:
-        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered,
-                        check=False)
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered, check=False)
         wait_host_paths_admitted(cluster)
 
 
 @pytest.fixture
-def everywhere(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
-               namespace: str) -> Iterator[Operator]:
+def everywhere(
+    cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None, namespace: str
+) -> Iterator[Operator]:
     """Installed in `namespace`, watching every namespace (the chart's default)."""
     yield from install(cluster, core, namespace, ())
 
 
 @pytest.fixture
-def scoped(cluster: LocalCluster, core: client.CoreV1Api, crds_installed: None,
-           namespace: str, other_namespace: str) -> Iterator[Operator]:
+def scoped(
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    crds_installed: None,
+    namespace: str,
+    other_namespace: str,
+) -> Iterator[Operator]:
     """Installed in `namespace`, watching only `other_namespace`."""
     yield from install(cluster, core, namespace, (other_namespace,))
 
@@ -109,46 +141,82 @@ def bind_lease_writer(cluster: LocalCluster, operator: Operator, namespace: str)
     assert operator.lease_role is not None
     rbac = client.RbacAuthorizationV1Api(cluster.api_client())
     rbac.api_client.default_headers["Impersonate-User"] = operator.user
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "tpujob-operator-leases"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": operator.lease_role},
-        "subjects": [{"kind": "ServiceAccount", "name": operator.account,
-                      "namespace": operator.home}]})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "tpujob-operator-leases"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": operator.lease_role,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": operator.account, "namespace": operator.home}
+            ],
+        },
+    )
 
 
 def test_watching_everywhere_grants_lease_writes_only_where_the_operator_bound_them(
-        cluster: LocalCluster, everywhere: Operator, other_namespace: str) -> None:
+    cluster: LocalCluster, everywhere: Operator, other_namespace: str
+) -> None:
     writes = ("create", "update", "patch")
-    assert not any(everywhere.may(v, "coordination.k8s.io", "leases", other_namespace)
-                   for v in writes)
+    assert not any(
+        everywhere.may(v, "coordination.k8s.io", "leases", other_namespace) for v in writes
+    )
     bind_lease_writer(cluster, everywhere, other_namespace)
-    wait_for(lambda: everywhere.may("patch", "coordination.k8s.io", "leases", other_namespace),
-             timeout=30, what="the binding to take effect")
-    assert all(everywhere.may(verb, group, resource, other_namespace)
-               for (group, resource), verbs in LEASE_WRITER_RIGHTS.items() for verb in verbs)
-    granted = [(verb, ns) for ns in SYSTEM_NAMESPACES for verb in writes
-               if everywhere.may(verb, "coordination.k8s.io", "leases", ns)]
+    wait_for(
+        lambda: everywhere.may("patch", "coordination.k8s.io", "leases", other_namespace),
+        timeout=30,
+        what="the binding to take effect",
+    )
+    assert all(
+        everywhere.may(verb, group, resource, other_namespace)
+        for (group, resource), verbs in LEASE_WRITER_RIGHTS.items()
+        for verb in verbs
+    )
+    granted = [
+        (verb, ns)
+        for ns in SYSTEM_NAMESPACES
+        for verb in writes
+        if everywhere.may(verb, "coordination.k8s.io", "leases", ns)
+    ]
     assert not granted
     # The bind right names that one ClusterRole: binding any other is an escalation.
     rbac = client.RbacAuthorizationV1Api(cluster.api_client())
     rbac.api_client.default_headers["Impersonate-User"] = everywhere.user
     with pytest.raises(ApiException) as refused:
-        rbac.create_namespaced_role_binding(other_namespace, {
-            "metadata": {"name": "escalate"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": everywhere.account,
-                          "namespace": everywhere.home}]}, dry_run="All")
+        rbac.create_namespaced_role_binding(
+            other_namespace,
+            {
+                "metadata": {"name": "escalate"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "admin",
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": everywhere.account,
+                        "namespace": everywhere.home,
+                    }
+                ],
+            },
+            dry_run="All",
+        )
     assert refused.value.status == 403
 
 
 def test_watching_everywhere_allows_every_call_and_no_other_verb(
-        everywhere: Operator, other_namespace: str) -> None:
+    everywhere: Operator, other_namespace: str
+) -> None:
     wrong = []
-    for rights, where in ((ALL_NAMESPACES_CLUSTER_RIGHTS, None),
-                          (EVERY_JOB_NAMESPACE_RIGHTS, other_namespace),
-                          (OWN_NAMESPACE_RIGHTS, everywhere.home)):
+    for rights, where in (
+        (ALL_NAMESPACES_CLUSTER_RIGHTS, None),
+        (EVERY_JOB_NAMESPACE_RIGHTS, other_namespace),
+        (OWN_NAMESPACE_RIGHTS, everywhere.home),
+    ):
         for (group, resource), verbs in rights.items():
             namespace = None if resource in CLUSTER_SCOPED else where
             for verb in VERBS:
@@ -157,12 +225,13 @@ def test_watching_everywhere_allows_every_call_and_no_other_verb(
     assert not wrong
 
 
-def test_watching_namespaces_allows_every_call_there_and_no_other_verb(
-        scoped: Operator) -> None:
+def test_watching_namespaces_allows_every_call_there_and_no_other_verb(scoped: Operator) -> None:
     wrong = []
-    for rights, where in ((WATCHED_NAMESPACES_CLUSTER_RIGHTS, None),
-                          (WATCHED_NAMESPACE_RIGHTS, scoped.watched[0]),
-                          (OWN_NAMESPACE_RIGHTS, scoped.home)):
+    for rights, where in (
+        (WATCHED_NAMESPACES_CLUSTER_RIGHTS, None),
+        (WATCHED_NAMESPACE_RIGHTS, scoped.watched[0]),
+        (OWN_NAMESPACE_RIGHTS, scoped.home),
+    ):
         for (group, resource), verbs in rights.items():
             namespace = None if resource in CLUSTER_SCOPED else where
             for verb in VERBS:
@@ -173,21 +242,30 @@ def test_watching_namespaces_allows_every_call_there_and_no_other_verb(
 
 # What the operator never does, whatever the install: each must be refused.
 NEVER = [
-    ("get", "", "secrets"), ("list", "", "secrets"), ("watch", "", "secrets"),
-    ("create", "", "pods/exec"), ("create", "", "pods/eviction"), ("update", "", "pods"),
+    ("get", "", "secrets"),
+    ("list", "", "secrets"),
+    ("watch", "", "secrets"),
+    ("create", "", "pods/exec"),
+    ("create", "", "pods/eviction"),
+    ("update", "", "pods"),
     ("create", "tpujob.dev", "tputrainingjobs"),
-    ("update", "tpujob.dev", "tputrainingjobs"), ("delete", "", "services"),
-    ("delete", "", "serviceaccounts"), ("create", "", "serviceaccounts/token"),
+    ("update", "tpujob.dev", "tputrainingjobs"),
+    ("delete", "", "services"),
+    ("delete", "", "serviceaccounts"),
+    ("create", "", "serviceaccounts/token"),
     ("delete", "rbac.authorization.k8s.io", "roles"),
     ("delete", "rbac.authorization.k8s.io", "rolebindings"),
     ("bind", "rbac.authorization.k8s.io", "roles"),
     ("escalate", "rbac.authorization.k8s.io", "roles"),
-    ("delete", "coordination.k8s.io", "leases"), ("create", "apps", "deployments"),
-    ("create", "events.k8s.io", "events"), ("impersonate", "", "serviceaccounts"),
+    ("delete", "coordination.k8s.io", "leases"),
+    ("create", "apps", "deployments"),
+    ("create", "events.k8s.io", "events"),
+    ("impersonate", "", "serviceaccounts"),
     ("get", "", "configmaps"),
 ]
 NEVER_CLUSTER = [
-    ("delete", "", "nodes"), ("update", "", "nodes"),
+    ("delete", "", "nodes"),
+    ("update", "", "nodes"),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions"),
     ("create", "rbac.authorization.k8s.io", "clusterroles"),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings"),
@@ -197,46 +275,72 @@ NEVER_CLUSTER = [
 
 @pytest.mark.parametrize("install_kind", ["everywhere", "scoped"])
 def test_operator_is_refused_what_it_never_calls(
-        install_kind: str, request: pytest.FixtureRequest, other_namespace: str) -> None:
+    install_kind: str, request: pytest.FixtureRequest, other_namespace: str
+) -> None:
     operator: Operator = request.getfixturevalue(install_kind)
     job_namespace = other_namespace
-    allowed = [(verb, group, resource) for verb, group, resource in NEVER
-               if operator.may(verb, group, resource, job_namespace)]
-    allowed += [(verb, group, resource) for verb, group, resource in NEVER_CLUSTER
-                if operator.may(verb, group, resource)]
+    allowed = [
+        (verb, group, resource)
+        for verb, group, resource in NEVER
+        if operator.may(verb, group, resource, job_namespace)
+    ]
+    allowed += [
+        (verb, group, resource)
+        for verb, group, resource in NEVER_CLUSTER
+        if operator.may(verb, group, resource)
+    ]
     assert not allowed
 
 
-def test_watching_namespaces_grants_no_lease_write_in_system_namespaces(
-        scoped: Operator) -> None:
-    granted = [(verb, ns) for ns in SYSTEM_NAMESPACES for verb in ("create", "update", "patch")
-               if scoped.may(verb, "coordination.k8s.io", "leases", ns)]
+def test_watching_namespaces_grants_no_lease_write_in_system_namespaces(scoped: Operator) -> None:
+    granted = [
+        (verb, ns)
+        for ns in SYSTEM_NAMESPACES
+        for verb in ("create", "update", "patch")
+        if scoped.may(verb, "coordination.k8s.io", "leases", ns)
+    ]
     assert not granted
     assert scoped.may("update", "coordination.k8s.io", "leases", scoped.watched[0])
 
 
 def test_watching_namespaces_creates_no_pod_outside_them(scoped: Operator) -> None:
     assert scoped.may("create", "", "pods", scoped.watched[0])
-    outside = [ns for ns in (scoped.home, "kube-system", "default")
-               if scoped.may("create", "", "pods", ns)]
+    outside = [
+        ns for ns in (scoped.home, "kube-system", "default") if scoped.may("create", "", "pods", ns)
+    ]
     assert not outside
     assert not scoped.may("create", "", "pods")
 
 
 def lease_write_refusal(cluster: LocalCluster, operator: Operator, namespace: str) -> str:
-    proc = cluster.kubectl("create", "-f", "-", "--dry-run=server",
-                           "--as", operator.user, "--as-group", "system:serviceaccounts",
-                           "--namespace", namespace, check=False, input_text=yaml.safe_dump({
-                               "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                               "metadata": {"name": "tpujob-probe", "namespace": namespace},
-                               "spec": {"holderIdentity": "tpujob"}}))
+    proc = cluster.kubectl(
+        "create",
+        "-f",
+        "-",
+        "--dry-run=server",
+        "--as",
+        operator.user,
+        "--as-group",
+        "system:serviceaccounts",
+        "--namespace",
+        namespace,
+        check=False,
+        input_text=yaml.safe_dump(
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": "tpujob-probe", "namespace": namespace},
+                "spec": {"holderIdentity": "tpujob"},
+            }
+        ),
+    )
     return proc.stderr if proc.returncode != 0 else ""
 
 
 @pytest.mark.parametrize("system_namespace", SYSTEM_NAMESPACES)
 def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespaces(
-        cluster: LocalCluster, everywhere: Operator, other_namespace: str,
-        system_namespace: str) -> None:
+    cluster: LocalCluster, everywhere: Operator, other_namespace: str, system_namespace: str
+) -> None:
     # RBAC refuses first: the operator holds Lease writes only where it bound them.
     assert "forbidden" in lease_write_refusal(cluster, everywhere, system_namespace)
     # Bound there anyway (by mistake, or by a compromised operator: it may bind that role in
@@ -245,26 +349,45 @@ def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespace
     rbac = client.RbacAuthorizationV1Api(cluster.api_client())
     try:
         refusal = wait_for(
-            lambda: "system namespaces" in (found := lease_write_refusal(
-                cluster, everywhere, system_namespace)) and found,
-            timeout=30, what=f"the policy to refuse a Lease in {system_namespace}")
+            lambda: (
+                "system namespaces"
+                in (found := lease_write_refusal(cluster, everywhere, system_namespace))
+                and found
+            ),
+            timeout=30,
+            what=f"the policy to refuse a Lease in {system_namespace}",
+        )
         assert "may not write Leases in system namespaces" in refusal
     finally:
         rbac.delete_namespaced_role_binding("tpujob-operator-leases", system_namespace)
     bind_lease_writer(cluster, everywhere, other_namespace)
-    wait_for(lambda: lease_write_refusal(cluster, everywhere, other_namespace) == "",
-             timeout=30, what=f"a Lease write allowed in {other_namespace}")
+    wait_for(
+        lambda: lease_write_refusal(cluster, everywhere, other_namespace) == "",
+        timeout=30,
+        what=f"a Lease write allowed in {other_namespace}",
+    )
 
 
-@pytest.mark.parametrize(("rule", "allowed"), [
-    # The per-job Role: the trainer may renew only its own heartbeat Lease.
-    ({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-      "resourceNames": ["some-job-heartbeat"], "verbs": ["get", "update", "patch"]}, True),
-    # Granting what the operator does not hold is an escalation the apiserver refuses.
-    ({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}, False),
-], ids=["heartbeat-lease", "secrets-escalation"])
+@pytest.mark.parametrize(
+    ("rule", "allowed"),
+    [
+        # The per-job Role: the trainer may renew only its own heartbeat Lease.
+        (
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": ["some-job-heartbeat"],
+                "verbs": ["get", "update", "patch"],
+            },
+            True,
+        ),
+        # Granting what the operator does not hold is an escalation the apiserver refuses.
+        ({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}, False),
+    ],
+    ids=["heartbeat-lease", "secrets-escalation"],
+)
 def test_operator_can_grant_a_heartbeat_role_and_nothing_beyond_its_own_rights(
-        cluster: LocalCluster, scoped: Operator, rule: dict[str, object], allowed: bool,
+    cluster: LocalCluster, scoped: Operator, rule: dict[str, object], allowed: bool
 ) -> None:
     rbac = client.RbacAuthorizationV1Api(cluster.api_client())
     rbac.api_client.default_headers["Impersonate-User"] = scoped.user

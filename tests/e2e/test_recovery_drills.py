@@ -49,15 +49,20 @@ pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 # A node whose Ready is not True for this long is lost; shorter than the default so a drill can
 # show both sides of it, longer than the flap the drill makes.
 NOT_READY_GRACE = 20
-DRILL_ARGS = (*(a if a != "test-*" else "drill-*" for a in OPERATOR_ARGS),
-              "--node-not-ready-grace", str(NOT_READY_GRACE))
+DRILL_ARGS = (
+    *(a if a != "test-*" else "drill-*" for a in OPERATOR_ARGS),
+    "--node-not-ready-grace",
+    str(NOT_READY_GRACE),
+)
 
 
 @pytest.fixture(scope="module")
-def drill_operator(cluster: LocalCluster, crds_installed: None,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("drill-operator") / "log",
-                           args=DRILL_ARGS)
+def drill_operator(
+    cluster: LocalCluster, crds_installed: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(
+        cluster.kubeconfig, tmp_path_factory.mktemp("drill-operator") / "log", args=DRILL_ARGS
+    )
     proc.start()
     try:
         yield proc
@@ -82,8 +87,9 @@ def drill_namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> I
 
 def finished(run: Run, timeout: float = 300) -> dict[str, Any]:
     """The status once the job ended either way (a drill that fails should fail fast)."""
-    return run.wait(lambda s: s.get("phase") in ("Succeeded", "Failed"), "the job finished",
-                    timeout)
+    return run.wait(
+        lambda s: s.get("phase") in ("Succeeded", "Failed"), "the job finished", timeout
+    )
 
 
 def restarts(status: dict[str, Any]) -> tuple[int, int, int]:
@@ -92,19 +98,29 @@ def restarts(status: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def test_worker_killed_three_times_once_while_restoring_is_three_soft_restarts(
-        cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess,
-        tmp_path: Path) -> None:
+    cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess, tmp_path: Path
+) -> None:
     # Attempt 1 dies at step 50. Attempt 2 dies before its first step, right after restoring,
     # whichever checkpoint it restored (hence a crash at every checkpoint + 1): before its first
     # heartbeat, while status.progress still holds attempt 1's step. Attempt 3 trains on and
     # dies at step 75. Each is one worker SIGKILLed: transient, so three soft restarts.
     on_restore = tuple(f"crash@{step}:worker=1:attempt=2" for step in range(1, 52, 10))
-    run = Run(cluster, drill_namespace, drill_operator, training_job(
-        "thrice", tmp_path, steps=100,
-        faults=("crash@50:worker=1:attempt=1", *on_restore, "crash@75:worker=1:attempt=3")))
+    run = Run(
+        cluster,
+        drill_namespace,
+        drill_operator,
+        training_job(
+            "thrice",
+            tmp_path,
+            steps=100,
+            faults=("crash@50:worker=1:attempt=1", *on_restore, "crash@75:worker=1:attempt=3"),
+        ),
+    )
     status = finished(run, timeout=420)
-    context = (f"phase {status['phase']}; history {status.get('failureHistory')}; "
-               f"timeline {status.get('timeline')}")
+    context = (
+        f"phase {status['phase']}; history {status.get('failureHistory')}; "
+        f"timeline {status.get('timeline')}"
+    )
     assert status["phase"] == "Succeeded", context
     assert restarts(status) == (3, 0, 0), context
     assert status["restarts"]["total"] == 3, context
@@ -129,13 +145,16 @@ RECOVERIES = 10
 
 
 def _live_pods(run: Run) -> list[Any]:
-    return [p for p in run.pods() if p.metadata.deletion_timestamp is None
-            and p.status.phase in ("Pending", "Running")]
+    return [
+        p
+        for p in run.pods()
+        if p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")
+    ]
 
 
 def test_operator_killed_at_random_moments_of_ten_recoveries_repeats_and_loses_nothing(
-        cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess,
-        tmp_path: Path) -> None:
+    cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess, tmp_path: Path
+) -> None:
     # Attempt A SIGKILLs worker 1 at step 10A+5, past the checkpoint it resumed from (10A-10
     # or earlier), so each attempt trains a little and fails at a step of its own: ten
     # transient failures, each a soft restart. Meanwhile the operator is SIGKILLed every few
@@ -143,8 +162,14 @@ def test_operator_killed_at_random_moments_of_ten_recoveries_repeats_and_loses_n
     # Events), and started again.
     crashes = tuple(f"crash@{10 * a + 5}:worker=1:attempt={a}" for a in range(1, RECOVERIES + 1))
     steps = 10 * RECOVERIES + 20
-    run = Run(cluster, drill_namespace, drill_operator, training_job(
-        "killed", tmp_path, steps=steps, faults=crashes, maxSoftRestarts=RECOVERIES + 5))
+    run = Run(
+        cluster,
+        drill_namespace,
+        drill_operator,
+        training_job(
+            "killed", tmp_path, steps=steps, faults=crashes, maxSoftRestarts=RECOVERIES + 5
+        ),
+    )
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     uids: dict[str, set[str]] = {}
@@ -174,8 +199,10 @@ def test_operator_killed_at_random_moments_of_ten_recoveries_repeats_and_loses_n
     finally:
         if drill_operator.proc is None or drill_operator.proc.poll() is not None:
             drill_operator.start()
-    context = (f"seed {seed}, {kills} operator kills; phase {status.get('phase')}; "
-               f"restarts {status.get('restarts')}; last failure {status.get('lastFailure')}")
+    context = (
+        f"seed {seed}, {kills} operator kills; phase {status.get('phase')}; "
+        f"restarts {status.get('restarts')}; last failure {status.get('lastFailure')}"
+    )
     assert status.get("phase") == "Succeeded", context
     assert kills >= RECOVERIES, context  # the drill did kill it throughout
     assert restarts(status) == (RECOVERIES, 0, 0), context
@@ -184,28 +211,44 @@ def test_operator_killed_at_random_moments_of_ten_recoveries_repeats_and_loses_n
     assert [h["attempt"] for h in history] == list(range(1, RECOVERIES + 1)), context
     assert overlaps == [], context  # never two attempts' pods, never a third worker
     assert {n: len(u) for n, u in uids.items() if len(u) > 1} == {}, context  # never re-created
-    told = [e for e in run.core.list_namespaced_event(drill_namespace).items
-            if e.involved_object.name == run.name and e.reason == "Restarting"]
+    told = [
+        e
+        for e in run.core.list_namespaced_event(drill_namespace).items
+        if e.involved_object.name == run.name and e.reason == "Restarting"
+    ]
     assert len(told) == RECOVERIES, [e.message for e in told]
     assert status["progress"]["step"] == steps
 
 
 def test_quota_too_small_is_shown_and_the_job_launches_once_it_is_raised(
-        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
-        drill_operator: OperatorProcess, tmp_path: Path) -> None:
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    drill_namespace: str,
+    drill_operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
     # Each host of the slice needs 4 chips; the namespace may request 2 in all.
     quota = "tpu-quota"
-    core.create_namespaced_resource_quota(drill_namespace, {
-        "metadata": {"name": quota}, "spec": {"hard": {"requests.google.com/tpu": "2"}}})
-    wait_for(lambda: (core.read_namespaced_resource_quota(quota, drill_namespace).status.hard
-                      or {}).get("requests.google.com/tpu") == "2",
-             timeout=30, what="the quota admitted and counted")
-    run = Run(cluster, drill_namespace, drill_operator, training_job("quota", tmp_path,
-                                                                     steps=30))
+    core.create_namespaced_resource_quota(
+        drill_namespace,
+        {"metadata": {"name": quota}, "spec": {"hard": {"requests.google.com/tpu": "2"}}},
+    )
+    wait_for(
+        lambda: (
+            (core.read_namespaced_resource_quota(quota, drill_namespace).status.hard or {}).get(
+                "requests.google.com/tpu"
+            )
+            == "2"
+        ),
+        timeout=30,
+        what="the quota admitted and counted",
+    )
+    run = Run(cluster, drill_namespace, drill_operator, training_job("quota", tmp_path, steps=30))
 
     def refused(status: dict[str, Any]) -> bool:
-        condition = next((c for c in status.get("conditions") or []
-                          if c["type"] == "PodsRefused"), None)
+        condition = next(
+            (c for c in status.get("conditions") or [] if c["type"] == "PodsRefused"), None
+        )
         return condition is not None and condition["status"] == "True"
 
     # The first reconcile that tries to create the pods says why they do not exist; a loose
@@ -216,8 +259,9 @@ def test_quota_too_small_is_shown_and_the_job_launches_once_it_is_raised(
     assert "exceeded quota" in condition["message"], condition
     assert not run.pods()
     run.told(lambda m: quota in m)
-    core.patch_namespaced_resource_quota(quota, drill_namespace,
-                                         {"spec": {"hard": {"requests.google.com/tpu": "8"}}})
+    core.patch_namespaced_resource_quota(
+        quota, drill_namespace, {"spec": {"hard": {"requests.google.com/tpu": "8"}}}
+    )
     run.wait_training(step=5)
     status = run.wait_phase("Succeeded")
     assert status["restarts"]["total"] == 0
@@ -227,10 +271,13 @@ def test_quota_too_small_is_shown_and_the_job_launches_once_it_is_raised(
 
 @pytest.mark.usefixtures("healthy_nodes")
 def test_node_ready_flapping_within_the_grace_is_no_failure(
-        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
-        drill_operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, drill_namespace, drill_operator, training_job("flap", tmp_path,
-                                                                     steps=100))
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    drill_namespace: str,
+    drill_operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    run = Run(cluster, drill_namespace, drill_operator, training_job("flap", tmp_path, steps=100))
     run.wait_training(step=15)
     node = run.node_of(1, 0, 1)
 
@@ -243,8 +290,7 @@ def test_node_ready_flapping_within_the_grace_is_no_failure(
     # taint evicts only after its toleration (5 s here), so the flap stays shorter than that.
     faults.set_node_fault(cluster.state_dir, node, not_ready=True)
     try:
-        wait_for(lambda: ready_is("False"), timeout=15, what=f"{node} Ready=False",
-                 interval=0.1)
+        wait_for(lambda: ready_is("False"), timeout=15, what=f"{node} Ready=False", interval=0.1)
         time.sleep(1.5)
     finally:
         faults.set_node_fault(cluster.state_dir, node, not_ready=False)
@@ -259,11 +305,19 @@ def test_node_ready_flapping_within_the_grace_is_no_failure(
 
 
 def test_job_reapplied_while_old_pods_linger_trains_from_scratch_on_its_own_pods(
-        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
-        drill_operator: OperatorProcess, tmp_path: Path) -> None:
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    drill_namespace: str,
+    drill_operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
     hold = "drills.tpujob.dev/hold"
-    first = Run(cluster, drill_namespace, drill_operator, training_job(
-        "again", tmp_path / "first", steps=20))
+    first = Run(
+        cluster,
+        drill_namespace,
+        drill_operator,
+        training_job("again", tmp_path / "first", steps=20),
+    )
     first.wait_phase("Succeeded")
     old_pods = first.pods()
     assert len(old_pods) == 2
@@ -271,20 +325,33 @@ def test_job_reapplied_while_old_pods_linger_trains_from_scratch_on_its_own_pods
     # as a slow kubelet or a controller of someone else's would): same names, same labels,
     # phase Succeeded. Adopting them by label would "succeed" without training.
     for pod in old_pods:
-        core.patch_namespaced_pod(pod.metadata.name, drill_namespace,
-                                  {"metadata": {"finalizers": [hold]}})
+        core.patch_namespaced_pod(
+            pod.metadata.name, drill_namespace, {"metadata": {"finalizers": [hold]}}
+        )
     try:
-        first.custom.delete_namespaced_custom_object(GROUP, VERSION, drill_namespace, PLURAL,
-                                                     "again")
+        first.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, drill_namespace, PLURAL, "again"
+        )
         wait_for(lambda: _job_gone(first), timeout=60, what="the first job deleted")
-        wait_for(lambda: all(p.metadata.deletion_timestamp for p in first.pods()), timeout=60,
-                 what="the old pods garbage-collected (held Terminating)")
-        second = Run(cluster, drill_namespace, drill_operator, training_job(
-            "again", tmp_path / "second", steps=30))
-        uid = second.custom.get_namespaced_custom_object(GROUP, VERSION, drill_namespace,
-                                                         PLURAL, "again")["metadata"]["uid"]
-        second.wait(lambda s: s.get("attempt") == 1 and "PodsCreated" in timeline_kinds(s),
-                    "the new job's first attempt launched", timeout=60)
+        wait_for(
+            lambda: all(p.metadata.deletion_timestamp for p in first.pods()),
+            timeout=60,
+            what="the old pods garbage-collected (held Terminating)",
+        )
+        second = Run(
+            cluster,
+            drill_namespace,
+            drill_operator,
+            training_job("again", tmp_path / "second", steps=30),
+        )
+        uid = second.custom.get_namespaced_custom_object(
+            GROUP, VERSION, drill_namespace, PLURAL, "again"
+        )["metadata"]["uid"]
+        second.wait(
+            lambda s: s.get("attempt") == 1 and "PodsCreated" in timeline_kinds(s),
+            "the new job's first attempt launched",
+            timeout=60,
+        )
         time.sleep(5)  # several reconciles with the old pods in view
         status = second.status()
         assert status.get("phase") != "Succeeded", status
@@ -292,8 +359,9 @@ def test_job_reapplied_while_old_pods_linger_trains_from_scratch_on_its_own_pods
     finally:
         for pod in old_pods:
             try:
-                core.patch_namespaced_pod(pod.metadata.name, drill_namespace,
-                                          {"metadata": {"finalizers": None}})
+                core.patch_namespaced_pod(
+                    pod.metadata.name, drill_namespace, {"metadata": {"finalizers": None}}
+                )
             except ApiException as err:
                 if err.status != 404:
                     raise
@@ -310,29 +378,54 @@ def test_job_reapplied_while_old_pods_linger_trains_from_scratch_on_its_own_pods
 
 
 def test_job_reapplied_after_an_orphaning_delete_says_why_it_waits_then_trains_on_its_own_pods(
-        cluster: LocalCluster, core: client.CoreV1Api, drill_namespace: str,
-        drill_operator: OperatorProcess, tmp_path: Path) -> None:
-    first = Run(cluster, drill_namespace, drill_operator, training_job(
-        "orphan", tmp_path / "first", steps=200))
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    drill_namespace: str,
+    drill_operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    first = Run(
+        cluster,
+        drill_namespace,
+        drill_operator,
+        training_job("orphan", tmp_path / "first", steps=200),
+    )
     first.wait_training(step=5)
     # `kubectl delete --cascade=orphan`: the job goes, its pods and Lease stay and train on.
     first.custom.delete_namespaced_custom_object(
-        GROUP, VERSION, drill_namespace, PLURAL, "orphan",
-        body=client.V1DeleteOptions(propagation_policy="Orphan"))
+        GROUP,
+        VERSION,
+        drill_namespace,
+        PLURAL,
+        "orphan",
+        body=client.V1DeleteOptions(propagation_policy="Orphan"),
+    )
     wait_for(lambda: _job_gone(first), timeout=60, what="the first job deleted")
-    second = Run(cluster, drill_namespace, drill_operator, training_job(
-        "orphan", tmp_path / "second", steps=30))
-    uid = second.custom.get_namespaced_custom_object(GROUP, VERSION, drill_namespace, PLURAL,
-                                                     "orphan")["metadata"]["uid"]
+    second = Run(
+        cluster,
+        drill_namespace,
+        drill_operator,
+        training_job("orphan", tmp_path / "second", steps=30),
+    )
+    uid = second.custom.get_namespaced_custom_object(
+        GROUP, VERSION, drill_namespace, PLURAL, "orphan"
+    )["metadata"]["uid"]
     # The orphans hold the names the new job needs: it says so instead of waiting in silence,
     # and never counts them as its own.
-    status = second.wait(lambda s: any(
-        c["type"] == "PodsRefused" and c["status"] == "True" and "not this job's" in
-        c.get("message", "") for c in s.get("conditions", [])), "PodsRefused naming the orphans",
-        timeout=60)
+    status = second.wait(
+        lambda s: any(
+            c["type"] == "PodsRefused"
+            and c["status"] == "True"
+            and "not this job's" in c.get("message", "")
+            for c in s.get("conditions", [])
+        ),
+        "PodsRefused naming the orphans",
+        timeout=60,
+    )
     assert status.get("phase") != "Succeeded"
-    orphans = [p for p in second.pods()
-               if not any(r.uid == uid for r in p.metadata.owner_references or [])]
+    orphans = [
+        p for p in second.pods() if not any(r.uid == uid for r in p.metadata.owner_references or [])
+    ]
     assert orphans
     # Taking the Lease over, the new job wrote its token (attempt 1) and its uid: the orphans,
     # attempt 1 of the earlier job, would have read that token as their own and saved on. They
@@ -348,20 +441,27 @@ def test_job_reapplied_after_an_orphaning_delete_says_why_it_waits_then_trains_o
                 codes.append(ended.exit_code if ended is not None else None)
         return codes
 
-    wait_for(lambda: exit_codes() == [int(ExitCode.FENCED)] * len(orphans), timeout=60,
-             what="the orphans fenced (exit 43)")
+    wait_for(
+        lambda: exit_codes() == [int(ExitCode.FENCED)] * len(orphans),
+        timeout=60,
+        what="the orphans fenced (exit 43)",
+    )
     for orphan in orphans:
         # By uid: the job creates its own pod under that name as soon as the orphan is gone.
         with contextlib.suppress(ApiException):
-            core.delete_namespaced_pod(orphan.metadata.name, drill_namespace,
-                                       body=client.V1DeleteOptions(
-                                           grace_period_seconds=0,
-                                           preconditions=client.V1Preconditions(
-                                               uid=orphan.metadata.uid)))
+            core.delete_namespaced_pod(
+                orphan.metadata.name,
+                drill_namespace,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0,
+                    preconditions=client.V1Preconditions(uid=orphan.metadata.uid),
+                ),
+            )
 
     def own_pods_run(_: dict[str, Any]) -> bool:
-        pods = [p for p in second.pods()
-                if any(r.uid == uid for r in p.metadata.owner_references or [])]
+        pods = [
+            p for p in second.pods() if any(r.uid == uid for r in p.metadata.owner_references or [])
+        ]
         return len(pods) == 2 and all(p.status.phase in ("Running", "Succeeded") for p in pods)
 
     second.wait(own_pods_run, "the new job's own pods running", timeout=120)
@@ -382,13 +482,19 @@ def _job_gone(run: Run) -> bool:
 
 @pytest.mark.usefixtures("healthy_nodes")
 def test_apiserver_outage_leaves_training_jobs_untouched(
-        cluster: LocalCluster, core: client.CoreV1Api, drill_operator: OperatorProcess,
-        tmp_path: Path) -> None:
+    cluster: LocalCluster, core: client.CoreV1Api, drill_operator: OperatorProcess, tmp_path: Path
+) -> None:
     namespaces = [_new_namespace(core, f"outage-{i}") for i in range(2)]
     try:
-        runs = [Run(cluster, ns, drill_operator, training_job(
-            f"outage{i}", tmp_path / str(i), steps=450, stallTimeoutSeconds=20))
-            for i, ns in enumerate(namespaces)]
+        runs = [
+            Run(
+                cluster,
+                ns,
+                drill_operator,
+                training_job(f"outage{i}", tmp_path / str(i), steps=450, stallTimeoutSeconds=20),
+            )
+            for i, ns in enumerate(namespaces)
+        ]
         for run in runs:
             run.wait_training(step=10)
         before = {run.name: run.status()["progress"]["step"] for run in runs}
@@ -402,14 +508,19 @@ def test_apiserver_outage_leaves_training_jobs_untouched(
         # the outage. The issue asks for "within seconds"; the bound is loose because two
         # trainers, the operator and a restarting control plane share a small machine.
         for run in runs:
-            run.wait(lambda s, r=run: (s.get("progress") or {}).get("step", 0) > before[r.name],
-                     "progress reported again after the outage", timeout=30)
+            run.wait(
+                lambda s, r=run: (s.get("progress") or {}).get("step", 0) > before[r.name],
+                "progress reported again after the outage",
+                timeout=30,
+            )
         resumed_after = time.monotonic() - back
         for run in runs:
             status = finished(run)
-            context = (f"phase {status['phase']}; resumed {resumed_after:.0f}s after the "
-                       f"apiserver; last failure {status.get('lastFailure')}; "
-                       f"timeline {status.get('timeline')}")
+            context = (
+                f"phase {status['phase']}; resumed {resumed_after:.0f}s after the "
+                f"apiserver; last failure {status.get('lastFailure')}; "
+                f"timeline {status.get('timeline')}"
+            )
             assert status["phase"] == "Succeeded", context
             assert status["attempt"] == 1, context
             assert status["restarts"]["total"] == 0, context
@@ -420,8 +531,9 @@ def test_apiserver_outage_leaves_training_jobs_untouched(
 
 
 # A slice of one host: its trainer trains alone, so with its kubelet cut off it trains on.
-SINGLE_HOST_POOLS = controlplane.PoolOptions(pools=2, accelerator="tpu-v4-podslice",
-                                             topology="2x2x1", spare_nodes=1)
+SINGLE_HOST_POOLS = controlplane.PoolOptions(
+    pools=2, accelerator="tpu-v4-podslice", topology="2x2x1", spare_nodes=1
+)
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
 
 
@@ -446,12 +558,12 @@ def saves(log: str) -> list[tuple[datetime.datetime, int]]:
 
 
 def test_node_cut_off_while_its_trainer_trains_on_cannot_touch_the_new_attempts_checkpoints(
-        single_host_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory,
-        tmp_path: Path) -> None:
+    single_host_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
     cluster = single_host_cluster
-    operator = OperatorProcess(cluster.kubeconfig,
-                               tmp_path_factory.mktemp("single-host-operator") / "log",
-                               args=DRILL_ARGS)
+    operator = OperatorProcess(
+        cluster.kubeconfig, tmp_path_factory.mktemp("single-host-operator") / "log", args=DRILL_ARGS
+    )
     operator.start()
     core = client.CoreV1Api(cluster.api_client())
     namespace = _new_namespace(core, "zombie")
@@ -468,8 +580,10 @@ def test_node_cut_off_while_its_trainer_trains_on_cannot_touch_the_new_attempts_
         cut_at = run.status()["progress"]["step"]
         faults.set_node_fault(cluster.state_dir, node, kubelet_stopped=True)
         status = finished(run)
-        context = (f"phase {status['phase']}; last failure {status.get('lastFailure')}; "
-                   f"timeline {status.get('timeline')}")
+        context = (
+            f"phase {status['phase']}; last failure {status.get('lastFailure')}; "
+            f"timeline {status.get('timeline')}"
+        )
         assert status["phase"] == "Succeeded", context
         assert restarts(status) == (0, 0, 1), context
         assert [n["name"] for n in status["failedNodes"]] == [node], context

@@ -22,23 +22,35 @@ from tests.e2e.test_operator_recovery import (
 
 from tpujob import contract, labels
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer,
-              pytest.mark.usefixtures("operator", "healthy_nodes")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.trainer,
+    pytest.mark.usefixtures("operator", "healthy_nodes"),
+]
 
 
 def test_a_worker_killed_in_one_slice_replaces_that_slice_and_the_other_rejoins_in_place(
-        cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    run = Run(cluster, namespace, operator, training_job("rejoin", tmp_path, slices=2,
-                                                         steps=FAULTED_STEPS))
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    run = Run(
+        cluster,
+        namespace,
+        operator,
+        training_job("rejoin", tmp_path, slices=2, steps=FAULTED_STEPS),
+    )
     before = run.wait_training(step=15)
-    kept = {p.metadata.name: (p.metadata.uid, p.spec.node_name)
-            for p in run.pods(1) if p.metadata.labels[labels.SLICE] == "0"}
+    kept = {
+        p.metadata.name: (p.metadata.uid, p.spec.node_name)
+        for p in run.pods(1)
+        if p.metadata.labels[labels.SLICE] == "0"
+    }
     assert sorted(kept) == ["rejoin-1-0-0", "rejoin-1-0-1"]
     cluster.tpujob("local", "fault", "kill", "rejoin-1-1-0", "-n", namespace)
     status = run.wait_phase("Succeeded")
     assert_recovered(status, soft=1)
-    assert [(k["slice"], k["podsAttempt"]) for k in status["currentAttempt"]["keptSlices"]] == \
-        [(0, 1)]
+    assert [(k["slice"], k["podsAttempt"]) for k in status["currentAttempt"]["keptSlices"]] == [
+        (0, 1)
+    ]
     assert "slice 0 kept in place" in status["lastFailure"]["action"]
     now = {p.metadata.name: p for p in run.pods(2)}
     assert sorted(now) == ["rejoin-1-0-0", "rejoin-1-0-1", "rejoin-2-1-0", "rejoin-2-1-1"]

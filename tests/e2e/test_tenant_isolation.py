@@ -18,21 +18,27 @@ from tests.e2e.conftest import LocalCluster
 from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, training_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer,
-              pytest.mark.usefixtures("operator", "healthy_nodes")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.trainer,
+    pytest.mark.usefixtures("operator", "healthy_nodes"),
+]
 
 
 def restart_seconds(status: dict[str, Any]) -> float:
     """From the failure seen to the restart decided, as the timeline records them."""
-    times = {e["kind"]: datetime.fromisoformat(e["time"].replace("Z", "+00:00"))
-             for e in status["timeline"] if e["kind"] in ("FailureSeen", "Restarting")}
+    times = {
+        e["kind"]: datetime.fromisoformat(e["time"].replace("Z", "+00:00"))
+        for e in status["timeline"]
+        if e["kind"] in ("FailureSeen", "Restarting")
+    }
     return (times["Restarting"] - times["FailureSeen"]).total_seconds()
 
 
-def soft_fault(cluster: LocalCluster, namespace: str, operator: OperatorProcess,
-               name: str, checkpoints: Path) -> float:
-    run = Run(cluster, namespace, operator, training_job(name, checkpoints,
-                                                         steps=FAULTED_STEPS))
+def soft_fault(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, name: str, checkpoints: Path
+) -> float:
+    run = Run(cluster, namespace, operator, training_job(name, checkpoints, steps=FAULTED_STEPS))
     run.wait_training(step=10)
     cluster.tpujob("local", "fault", "kill", f"{name}-1-0-1", "-n", namespace)
     status = run.wait(lambda s: s.get("restarts", {}).get("soft") == 1, "the soft restart")
@@ -40,8 +46,8 @@ def soft_fault(cluster: LocalCluster, namespace: str, operator: OperatorProcess,
 
 
 def test_a_backtracking_user_rule_does_not_slow_other_jobs_or_the_operator(
-        cluster: LocalCluster, namespace: str, operator: OperatorProcess,
-        tmp_path: Path) -> None:
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
     alone = soft_fault(cluster, namespace, operator, "alone", tmp_path / "alone")
     evil = training_job("evil", tmp_path / "evil", steps=FAULTED_STEPS)
     evil["spec"]["trainer"]["command"] = ["sh", "-c", "printf 'a%.0s' $(seq 80); echo; exit 1"]

@@ -22,8 +22,11 @@ from tests.e2e.test_operator_recovery import (
     training_job,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer,
-              pytest.mark.usefixtures("operator", "healthy_nodes")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.trainer,
+    pytest.mark.usefixtures("operator", "healthy_nodes"),
+]
 STEPS = 100
 
 
@@ -35,7 +38,8 @@ def tensorflow_job(name: str, checkpoints: Path, *, steps: int) -> dict[str, Any
 
 
 def test_tensorflow_job_resumes_from_its_checkpoint_after_a_killed_worker(
-        cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
     run = Run(cluster, namespace, operator, tensorflow_job("tf", tmp_path, steps=STEPS))
     before = run.wait_training(step=22)
     # Worker 0's heartbeat reports TensorFlow's committed checkpoint (saved every 10 steps).

@@ -56,8 +56,15 @@ def test_a_transient_read_error_on_the_newest_step_is_retried_and_nothing_is_los
     directory = tmp_path / "ckpt"
     first = trainer("--steps", "6", "--checkpoint-dir", str(directory), *ARGS, name="first")
     assert first.wait(120) == 0
-    resumed = trainer("--steps", "7", "--checkpoint-dir", str(directory), *ARGS, name="resumed",
-                      env={"TPUJOB_FAULTS": "restore-error@1"})
+    resumed = trainer(
+        "--steps",
+        "7",
+        "--checkpoint-dir",
+        str(directory),
+        *ARGS,
+        name="resumed",
+        env={"TPUJOB_FAULTS": "restore-error@1"},
+    )
     assert resumed.wait(120) == 0, resumed.log[-2000:]
     assert "checkpoint step 6: transient read error (OSError" in resumed.log
     assert resumed.digest("resumed from step 6") == first.digest("saving step 6")
@@ -70,8 +77,15 @@ def test_a_read_error_on_one_worker_of_two_keeps_every_step_and_both_resume_toge
     directory = str(tmp_path / "ckpt")
     first = job("--steps", "6", "--checkpoint-dir", directory, *ARGS, name="first")
     assert [w.wait(180) for w in first] == [0, 0]
-    resumed = job("--steps", "7", "--checkpoint-dir", directory, *ARGS, name="resumed",
-                  env={"TPUJOB_FAULTS": "restore-error@1:worker=1"})
+    resumed = job(
+        "--steps",
+        "7",
+        "--checkpoint-dir",
+        directory,
+        *ARGS,
+        name="resumed",
+        env={"TPUJOB_FAULTS": "restore-error@1:worker=1"},
+    )
     assert [w.wait(180) for w in resumed] == [0, 0], resumed[1].log[-2000:]
     assert "transient read error" in resumed[1].log
     assert "transient read error" not in resumed[0].log

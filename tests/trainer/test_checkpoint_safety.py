@@ -77,8 +77,17 @@ class FlakyRestores:
         (type("UnavailableError", (Exception,), {})("gs://b/ckpt-6.index"), ReadFailure.TRANSIENT),
         (type("DataLossError", (Exception,), {})("gs://b/ckpt-6.data"), ReadFailure.CORRUPT),
     ],
-    ids=["eio", "timeout", "unavailable-status", "deadline-status", "undecodable-bytes",
-         "missing-item", "data-loss", "tf-unavailable", "tf-data-loss"],
+    ids=[
+        "eio",
+        "timeout",
+        "unavailable-status",
+        "deadline-status",
+        "undecodable-bytes",
+        "missing-item",
+        "data-loss",
+        "tf-unavailable",
+        "tf-data-loss",
+    ],
 )
 def test_read_errors_are_transient_only_for_io_and_timeouts(
     error: BaseException, failure: ReadFailure
@@ -88,8 +97,12 @@ def test_read_errors_are_transient_only_for_io_and_timeouts(
 
 @pytest.mark.parametrize(
     ("text", "evidence"),
-    [(None, Evidence.MISSING_STEP_METADATA), ("{not json", Evidence.INVALID_STEP_METADATA),
-     ("[1]", Evidence.INVALID_STEP_METADATA), ('{"init_timestamp_nsecs": 1}', None)],
+    [
+        (None, Evidence.MISSING_STEP_METADATA),
+        ("{not json", Evidence.INVALID_STEP_METADATA),
+        ("[1]", Evidence.INVALID_STEP_METADATA),
+        ('{"init_timestamp_nsecs": 1}', None),
+    ],
     ids=["missing", "not-json", "not-an-object", "valid"],
 )
 def test_step_metadata_is_evidence_only_when_missing_or_invalid(
@@ -116,8 +129,9 @@ def test_a_step_that_stays_unreadable_fails_the_restore_and_is_kept(tmp_path: Pa
     directory = tmp_path / "ckpt"
     saved(directory, (3, 6))
     slept: list[float] = []
-    checkpoints = Checkpoints(str(directory), keep=5, sleep=slept.append,
-                              retry=RetryPolicy(attempts=3, first_delay=0.5))
+    checkpoints = Checkpoints(
+        str(directory), keep=5, sleep=slept.append, retry=RetryPolicy(attempts=3, first_delay=0.5)
+    )
     FlakyRestores(checkpoints, [TimeoutError("read timed out")] * 3)
     with pytest.raises(TrainerError) as raised:
         checkpoints.restore(state(0.0))
@@ -142,8 +156,7 @@ def test_the_injected_restore_error_fault_fails_one_read_only(tmp_path: Path) ->
         (lambda step: (step / "_CHECKPOINT_METADATA").unlink(), "6.attempt-2"),
         (lambda step: (step / "_CHECKPOINT_METADATA").write_text("{truncated"), "6.attempt-2"),
         (lambda step: shutil.rmtree(step / "default"), "6.attempt-2"),
-        (lambda step: (step / "default" / "_METADATA").write_bytes(b"\x85garbage"),
-         "6.attempt-2"),
+        (lambda step: (step / "default" / "_METADATA").write_bytes(b"\x85garbage"), "6.attempt-2"),
     ],
     ids=["step-metadata-missing", "step-metadata-truncated", "item-missing", "item-undecodable"],
 )
@@ -225,13 +238,27 @@ def test_a_read_retries_only_the_errors_it_is_told_and_lets_others_through() -> 
             if errors:
                 raise errors.pop()
             return "state"
+
         return read
 
     policy = RetryPolicy(attempts=3)
-    assert read_with_retries(failing_once(OSError(errno.EIO, "Input/output error")), policy,
-                             what="step 1", errors=(OSError,), sleep=slept.append) == "state"
+    assert (
+        read_with_retries(
+            failing_once(OSError(errno.EIO, "Input/output error")),
+            policy,
+            what="step 1",
+            errors=(OSError,),
+            sleep=slept.append,
+        )
+        == "state"
+    )
     assert slept == [0.5]
     with pytest.raises(KeyError):  # not a read error of this storage: a bug, not corruption
-        read_with_retries(failing_once(KeyError("x")), policy, what="step 1", errors=(OSError,),
-                          sleep=slept.append)
+        read_with_retries(
+            failing_once(KeyError("x")),
+            policy,
+            what="step 1",
+            errors=(OSError,),
+            sleep=slept.append,
+        )
     assert slept == [0.5]

@@ -21,9 +21,13 @@ BASE = ("--steps", "5", "--batch-size", "8")
         ("shape@3", 21, "SHAPE_MISMATCH", "Incompatible shapes for broadcasting"),
         ("oom@3", 22, "HOST_OOM", "Unable to allocate"),
     ],
-    ids=["crash-is-a-real-sigkill", "plain-exit-code-has-no-message",
-         "contract-exit-code-brings-its-message", "shape-raises-jax-own-error",
-         "oom-is-a-real-failed-allocation"],
+    ids=[
+        "crash-is-a-real-sigkill",
+        "plain-exit-code-has-no-message",
+        "contract-exit-code-brings-its-message",
+        "shape-raises-jax-own-error",
+        "oom-is-a-real-failed-allocation",
+    ],
 )
 def test_fault_makes_its_failure_happen(
     trainer: Launcher, spec: str, exit_status: int, code: str | None, log_mark: str
@@ -47,9 +51,7 @@ def test_hang_stops_stepping_but_keeps_the_process_alive(trainer: Launcher) -> N
     assert process.last_step() == 2
 
 
-def test_fault_for_an_earlier_attempt_lets_a_restarted_attempt_train_on(
-    trainer: Launcher,
-) -> None:
+def test_fault_for_an_earlier_attempt_lets_a_restarted_attempt_train_on(trainer: Launcher) -> None:
     process = trainer(*BASE, env={"TPUJOB_FAULTS": "crash@3:attempt=0", "TPUJOB_ATTEMPT": "1"})
     assert process.wait(120) == 0
     assert process.last_step() == 5 and "injecting" not in process.log
@@ -64,10 +66,15 @@ def test_preflight_expecting_tpus_on_a_cpu_machine(
     trainer: Launcher, allow: str, exit_status: int
 ) -> None:
     # JAX_PLATFORMS left empty so JAX really tries (and fails) to bring up a TPU backend.
-    process = trainer("--steps", "2", env={
-        "JAX_PLATFORMS": "", "TPUJOB_EXPECT_TPU_CHIPS_PER_HOST": "4",
-        "TPUJOB_ALLOW_CPU_FALLBACK": allow,
-    })
+    process = trainer(
+        "--steps",
+        "2",
+        env={
+            "JAX_PLATFORMS": "",
+            "TPUJOB_EXPECT_TPU_CHIPS_PER_HOST": "4",
+            "TPUJOB_ALLOW_CPU_FALLBACK": allow,
+        },
+    )
     assert process.wait(120) == exit_status, process.log[-2000:]
     assert "devices: backend=cpu" in process.log
     message = process.message()

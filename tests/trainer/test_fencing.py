@@ -8,15 +8,7 @@ from pathlib import Path
 import pytest
 
 from tpujob_trainer.contract import LEASE_FENCE_ANNOTATION, LEASE_FENCE_JOB_ANNOTATION, ExitCode
-from tpujob_trainer.fencing import (
-    Decision,
-    FencedError,
-    Reason,
-    SaveGate,
-    Verdict,
-    agree,
-    decide,
-)
+from tpujob_trainer.fencing import Decision, FencedError, Reason, SaveGate, Verdict, agree, decide
 
 pytestmark = pytest.mark.trainer
 
@@ -24,8 +16,9 @@ pytestmark = pytest.mark.trainer
 class FakeLease:
     """A LeaseReader over a dict of annotations, or one that fails like the API does."""
 
-    def __init__(self, annotations: Mapping[str, str] | None = None,
-                 error: Exception | None = None) -> None:
+    def __init__(
+        self, annotations: Mapping[str, str] | None = None, error: Exception | None = None
+    ) -> None:
         self.annotations = dict(annotations or {})
         self.error = error
         self.reads: list[tuple[str, str]] = []
@@ -54,9 +47,17 @@ def fence(token: str) -> dict[str, str]:
         (fence("\u0664"), Decision(Verdict.SKIP, Reason.MALFORMED)),
         (None, Decision(Verdict.SKIP, Reason.UNREADABLE)),
     ],
-    ids=["own-attempt-commits", "newer-attempt-fences", "older-token-fails-closed",
-         "missing-fails-closed", "garbage-fails-closed", "negative-fails-closed",
-         "huge-fails-closed", "non-ascii-digit-fails-closed", "unreadable-fails-closed"],
+    ids=[
+        "own-attempt-commits",
+        "newer-attempt-fences",
+        "older-token-fails-closed",
+        "missing-fails-closed",
+        "garbage-fails-closed",
+        "negative-fails-closed",
+        "huge-fails-closed",
+        "non-ascii-digit-fails-closed",
+        "unreadable-fails-closed",
+    ],
 )
 def test_decision_follows_the_token(
     annotations: Mapping[str, str] | None, expected: Decision
@@ -67,19 +68,35 @@ def test_decision_follows_the_token(
 @pytest.mark.parametrize(
     ("annotations", "job_uid", "expected"),
     [
-        ({**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-a"}, "uid-a",
-         Decision(Verdict.COMMIT, Reason.CURRENT, 3)),
-        ({**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"}, "uid-a",
-         Decision(Verdict.FENCED, Reason.OTHER_JOB)),
-        ({**fence("1"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"}, "uid-a",
-         Decision(Verdict.FENCED, Reason.OTHER_JOB)),
+        (
+            {**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-a"},
+            "uid-a",
+            Decision(Verdict.COMMIT, Reason.CURRENT, 3),
+        ),
+        (
+            {**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"},
+            "uid-a",
+            Decision(Verdict.FENCED, Reason.OTHER_JOB),
+        ),
+        (
+            {**fence("1"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"},
+            "uid-a",
+            Decision(Verdict.FENCED, Reason.OTHER_JOB),
+        ),
         (fence("3"), "uid-a", Decision(Verdict.COMMIT, Reason.CURRENT, 3)),
-        ({**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"}, None,
-         Decision(Verdict.COMMIT, Reason.CURRENT, 3)),
+        (
+            {**fence("3"), LEASE_FENCE_JOB_ANNOTATION: "uid-b"},
+            None,
+            Decision(Verdict.COMMIT, Reason.CURRENT, 3),
+        ),
     ],
-    ids=["own-job-own-attempt-commits", "another-job-same-attempt-fences",
-         "another-job-any-token-fences", "lease-without-uid-counts-attempts",
-         "trainer-without-uid-counts-attempts"],
+    ids=[
+        "own-job-own-attempt-commits",
+        "another-job-same-attempt-fences",
+        "another-job-any-token-fences",
+        "lease-without-uid-counts-attempts",
+        "trainer-without-uid-counts-attempts",
+    ],
 )
 def test_a_lease_that_counts_another_jobs_attempts_fences(
     annotations: Mapping[str, str], job_uid: str | None, expected: Decision
@@ -89,8 +106,7 @@ def test_a_lease_that_counts_another_jobs_attempts_fences(
 
 def test_a_leftover_of_an_earlier_job_of_the_same_name_is_told_why_it_stopped() -> None:
     lease = FakeLease({**fence("1"), LEASE_FENCE_JOB_ANNOTATION: "uid-new"})
-    gate = SaveGate(lease, lease="train-heartbeat", namespace="team", attempt=1,
-                    job_uid="uid-old")
+    gate = SaveGate(lease, lease="train-heartbeat", namespace="team", attempt=1, job_uid="uid-old")
     with pytest.raises(FencedError) as raised:
         gate.authorize(10)
     assert raised.value.exit_code is ExitCode.FENCED
@@ -98,8 +114,11 @@ def test_a_leftover_of_an_earlier_job_of_the_same_name_is_told_why_it_stopped() 
 
 
 def test_the_most_restrictive_worker_decides_for_the_job() -> None:
-    commit, skip, fenced = (int(Verdict.COMMIT), 0, 3), (int(Verdict.SKIP), 2, -1), \
-        (int(Verdict.FENCED), 1, 4)
+    commit, skip, fenced = (
+        (int(Verdict.COMMIT), 0, 3),
+        (int(Verdict.SKIP), 2, -1),
+        (int(Verdict.FENCED), 1, 4),
+    )
     assert agree([commit, commit]).verdict is Verdict.COMMIT
     assert agree([commit, skip, commit]).verdict is Verdict.SKIP
     assert agree([skip, fenced, commit]) == Decision(Verdict.FENCED, Reason.NEWER_ATTEMPT, 4)
@@ -108,8 +127,7 @@ def test_the_most_restrictive_worker_decides_for_the_job() -> None:
 def gate(lease: FakeLease, gather: object = None, attempt: int = 3) -> SaveGate:
     if gather is None:
         return SaveGate(lease, lease="job-heartbeat", namespace="ml", attempt=attempt)
-    return SaveGate(lease, lease="job-heartbeat", namespace="ml", attempt=attempt,
-                    gather=gather)  # type: ignore[arg-type]
+    return SaveGate(lease, lease="job-heartbeat", namespace="ml", attempt=attempt, gather=gather)  # type: ignore[arg-type]
 
 
 def test_gate_commits_for_the_current_attempt_and_reads_the_named_lease() -> None:
@@ -120,8 +138,11 @@ def test_gate_commits_for_the_current_attempt_and_reads_the_named_lease() -> Non
 
 @pytest.mark.parametrize(
     "lease",
-    [FakeLease(error=TimeoutError("read timed out")), FakeLease(error=ConnectionError("refused")),
-     FakeLease({})],
+    [
+        FakeLease(error=TimeoutError("read timed out")),
+        FakeLease(error=ConnectionError("refused")),
+        FakeLease({}),
+    ],
     ids=["timeout", "api-down", "no-token"],
 )
 def test_gate_skips_the_save_and_keeps_training_when_it_cannot_know(lease: FakeLease) -> None:
@@ -152,8 +173,11 @@ def peer(verdict: Verdict, reason: Reason, token: int) -> object:
         (peer(Verdict.SKIP, Reason.UNREADABLE, -1), False),
         (peer(Verdict.SKIP, Reason.MISSING, -1), False),
     ],
-    ids=["both-current-save", "peer-cannot-read-so-nobody-saves",
-         "peer-sees-no-token-so-nobody-saves"],
+    ids=[
+        "both-current-save",
+        "peer-cannot-read-so-nobody-saves",
+        "peer-sees-no-token-so-nobody-saves",
+    ],
 )
 def test_the_agreed_verdict_binds_a_worker_whose_own_read_succeeded(
     other: object, saves: bool
@@ -177,8 +201,9 @@ def test_a_fenced_checkpoint_save_writes_nothing(tmp_path: Path) -> None:
     checkpoints = Checkpoints(str(directory), keep=3, attempt=3, gate=gate(FakeLease(fence("3"))))
     assert checkpoints.save(5, {"w": jnp.ones(3)})
     checkpoints.wait()
-    zombie = Checkpoints(str(directory), keep=1, attempt=2, gate=gate(FakeLease(fence("3")),
-                                                                     attempt=2))
+    zombie = Checkpoints(
+        str(directory), keep=1, attempt=2, gate=gate(FakeLease(fence("3")), attempt=2)
+    )
     with pytest.raises(FencedError):
         zombie.save(9, {"w": jnp.zeros(3)})
     skipping = Checkpoints(str(directory), keep=1, attempt=3, gate=gate(FakeLease({})))

@@ -17,8 +17,10 @@ ARGS = ("--batch-size", "32", "--seed", "11", "--log-every", "1")
 
 def losses(process: TrainerProcess) -> dict[int, float]:
     """Every logged step's loss, by step."""
-    return {int(step): float(loss)
-            for step, loss in re.findall(r"step (\d+)/\d+ loss=([0-9.eE+-]+)", process.log)}
+    return {
+        int(step): float(loss)
+        for step, loss in re.findall(r"step (\d+)/\d+ loss=([0-9.eE+-]+)", process.log)
+    }
 
 
 def test_the_sorting_loss_falls_well_below_where_it_started(trainer: Launcher) -> None:

@@ -55,8 +55,9 @@ def supervisor(tmp_path: Path, hold: float = 30.0, **behaviour: str) -> rejoin.S
         contract.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination"),
         **{f"BEHAVIOUR_{k[1:]}": v for k, v in behaviour.items()},
     }
-    return rejoin.Supervisor([sys.executable, "-c", CHILD], env, tmp_path / "order",
-                             hold_seconds=hold, poll_seconds=0.05)
+    return rejoin.Supervisor(
+        [sys.executable, "-c", CHILD], env, tmp_path / "order", hold_seconds=hold, poll_seconds=0.05
+    )
 
 
 def records(tmp_path: Path) -> list[dict[str, str]]:
@@ -84,7 +85,8 @@ def order(tmp_path: Path, attempt: int, host: str, *, after: float = 0.0) -> thr
 
 
 def test_an_order_restarts_a_running_process_as_the_new_attempt_with_its_coordinator(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     order(tmp_path, 2, "job-2-0-0.job.ns.svc.cluster.local")
     assert supervisor(tmp_path, a2="exit:0").run() == 0
     first, second = records(tmp_path)
@@ -99,19 +101,22 @@ def test_an_order_restarts_a_running_process_as_the_new_attempt_with_its_coordin
 
 def test_a_process_that_lost_its_peer_waits_for_the_order_and_rejoins(tmp_path: Path) -> None:
     order(tmp_path, 2, "job-1-0-0.job.ns.svc.cluster.local", after=0.5)
-    code = supervisor(tmp_path, a1=f"exit:{int(contract.ExitCode.COLLECTIVE_FAILURE)}",
-                      a2="exit:0").run()
+    code = supervisor(
+        tmp_path, a1=f"exit:{int(contract.ExitCode.COLLECTIVE_FAILURE)}", a2="exit:0"
+    ).run()
     assert code == 0
     assert [r["TPUJOB_ATTEMPT"] for r in records(tmp_path)] == ["1", "2"]
 
 
-@pytest.mark.parametrize(("behaviour", "status"), [
-    ("kill", 128 + signal.SIGKILL),
-    (f"exit:{int(contract.ExitCode.SHAPE_MISMATCH)}", int(contract.ExitCode.SHAPE_MISMATCH)),
-    ("exit:0", 0),
-])
-def test_any_other_end_is_the_pods_end_at_once(tmp_path: Path, behaviour: str,
-                                              status: int) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "status"),
+    [
+        ("kill", 128 + signal.SIGKILL),
+        (f"exit:{int(contract.ExitCode.SHAPE_MISMATCH)}", int(contract.ExitCode.SHAPE_MISMATCH)),
+        ("exit:0", 0),
+    ],
+)
+def test_any_other_end_is_the_pods_end_at_once(tmp_path: Path, behaviour: str, status: int) -> None:
     started = time.monotonic()
     assert supervisor(tmp_path, hold=30, a1=behaviour).run() == status
     assert time.monotonic() - started < 20  # not held for the 30 s a lost peer waits
@@ -147,41 +152,58 @@ def test_sigterm_goes_to_the_process_and_nothing_rejoins_after_it(tmp_path: Path
     assert len(records(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("text", [
-    "", "garbage", "[]", '{"attempt": "2", "coordinator": "h"}',
-    '{"attempt": 0, "coordinator": "h"}', '{"attempt": 2, "coordinator": ""}',
-    '{"attempt": 2, "coordinator": "h:1"}', '{"attempt": 2, "coordinator": "a b"}',
-    '{"attempt": true, "coordinator": "h"}',
-    '{"attempt": 2, "coordinator": "' + "h" * 600 + '"}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "garbage",
+        "[]",
+        '{"attempt": "2", "coordinator": "h"}',
+        '{"attempt": 0, "coordinator": "h"}',
+        '{"attempt": 2, "coordinator": ""}',
+        '{"attempt": 2, "coordinator": "h:1"}',
+        '{"attempt": 2, "coordinator": "a b"}',
+        '{"attempt": true, "coordinator": "h"}',
+        '{"attempt": 2, "coordinator": "' + "h" * 600 + '"}',
+    ],
+)
 def test_an_order_that_is_not_one_is_no_order(tmp_path: Path, text: str) -> None:
     (tmp_path / "order").write_text(text)
     assert rejoin.read_order(tmp_path / "order") is None
 
 
-@pytest.mark.parametrize(("env", "wanted"), [
-    ({}, False),
-    ({contract.ENV_REJOIN_FILE: "/var/run/tpujob/rejoin"}, True),
-    ({contract.ENV_REJOIN_FILE: "/var/run/tpujob/rejoin", contract.ENV_SUPERVISED: "1"}, False),
-    ({contract.ENV_REJOIN_FILE: ""}, False),
-])
+@pytest.mark.parametrize(
+    ("env", "wanted"),
+    [
+        ({}, False),
+        ({contract.ENV_REJOIN_FILE: "/var/run/tpujob/rejoin"}, True),
+        ({contract.ENV_REJOIN_FILE: "/var/run/tpujob/rejoin", contract.ENV_SUPERVISED: "1"}, False),
+        ({contract.ENV_REJOIN_FILE: ""}, False),
+    ],
+)
 def test_a_trainer_supervises_itself_only_where_the_pod_projects_an_order(
-        env: dict[str, str], wanted: bool) -> None:
+    env: dict[str, str], wanted: bool
+) -> None:
     assert rejoin.wanted(env) is wanted
 
 
 def test_the_process_dies_with_its_supervisor_as_with_a_containers_main_process(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     import os
     import subprocess
 
     pid_file = tmp_path / "pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    env = {**os.environ, contract.ENV_REJOIN_FILE: str(tmp_path / "order"),
-           contract.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination")}
+    env = {
+        **os.environ,
+        contract.ENV_REJOIN_FILE: str(tmp_path / "order"),
+        contract.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination"),
+    }
     env.pop(contract.ENV_SUPERVISED, None)
-    sup = subprocess.Popen([sys.executable, "-m", "tpujob_trainer.rejoin", sys.executable, "-c",
-                            child], env=env)
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "tpujob_trainer.rejoin", sys.executable, "-c", child], env=env
+    )
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -207,4 +229,3 @@ def test_no_rejoin_is_a_flag_the_trainer_accepts() -> None:
     from tpujob_trainer.config import NO_REJOIN_FLAG, load_config
 
     assert load_config([NO_REJOIN_FLAG, "--steps", "3"], {}).steps == 3
-

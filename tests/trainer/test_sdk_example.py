@@ -49,12 +49,26 @@ def test_a_rollback_resumes_at_the_given_step_and_skips_the_bad_window(
 ) -> None:
     """The NaN is tied to the data of step 14 (attempt 0 only sees it, as with a bad record)."""
     directory = tmp_path / "ckpt"
-    first = trainer("--steps", "20", program=EXAMPLE, name="first",
-                    env={"TPUJOB_CHECKPOINT_DIR": str(directory)})
+    first = trainer(
+        "--steps",
+        "20",
+        program=EXAMPLE,
+        name="first",
+        env={"TPUJOB_CHECKPOINT_DIR": str(directory)},
+    )
     assert first.wait(120) == 0
-    rollback = trainer("--steps", "20", program=EXAMPLE, name="rollback", env={
-        "TPUJOB_CHECKPOINT_DIR": str(directory), "TPUJOB_RESUME_STEP": "12",
-        "TPUJOB_SKIP_BATCHES": "5", "TPUJOB_ATTEMPT": "1"})
+    rollback = trainer(
+        "--steps",
+        "20",
+        program=EXAMPLE,
+        name="rollback",
+        env={
+            "TPUJOB_CHECKPOINT_DIR": str(directory),
+            "TPUJOB_RESUME_STEP": "12",
+            "TPUJOB_SKIP_BATCHES": "5",
+            "TPUJOB_ATTEMPT": "1",
+        },
+    )
     assert rollback.wait(120) == 0, rollback.log[-2000:]
     assert "resumed from step 10" in rollback.log
     assert sorted(p.name for p in (directory / "rolled-back").iterdir()) == ["20.attempt-1"]
@@ -65,8 +79,9 @@ def test_a_rollback_resumes_at_the_given_step_and_skips_the_bad_window(
 def test_sigterm_saves_the_agreed_step_and_exits_preempted(
     trainer: Launcher, tmp_path: Path
 ) -> None:
-    run = trainer("--steps", "100000", program=EXAMPLE,
-                  env={"TPUJOB_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    run = trainer(
+        "--steps", "100000", program=EXAMPLE, env={"TPUJOB_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    )
     run.wait_for_log(r"step 20/", 120)
     run.process.send_signal(signal.SIGTERM)
     assert run.wait(120) == 42, run.log[-2000:]
@@ -77,12 +92,19 @@ def test_sigterm_saves_the_agreed_step_and_exits_preempted(
 
 
 def test_health_names_the_straggling_worker_and_the_slow_input(job: Job) -> None:
-    workers = job("--steps", "20", program=EXAMPLE, env={
-        "TPUJOB_FAULTS": "straggle@1:worker=1,slow-input@1:worker=0",
-        "TPUJOB_HEALTH_EVERY_STEPS": "10"})
+    workers = job(
+        "--steps",
+        "20",
+        program=EXAMPLE,
+        env={
+            "TPUJOB_FAULTS": "straggle@1:worker=1,slow-input@1:worker=0",
+            "TPUJOB_HEALTH_EVERY_STEPS": "10",
+        },
+    )
     assert [w.wait(240) for w in workers] == [0, 0], workers[0].log[-2000:]
-    lines = re.findall(r"health step=20 input_bound=([0-9.]+) worker_step_s=([0-9.,]+)",
-                       workers[0].log)
+    lines = re.findall(
+        r"health step=20 input_bound=([0-9.]+) worker_step_s=([0-9.,]+)", workers[0].log
+    )
     assert lines, workers[0].log[-2000:]
     input_bound, step_seconds = float(lines[0][0]), [float(v) for v in lines[0][1].split(",")]
     # Worker 0 waits 0.2 s per batch: about half the job's time is spent waiting for data.

@@ -89,8 +89,17 @@ def test_sigterm_saves_the_step_reached_and_exits_preempted_with_it(
 def test_an_injected_nan_stops_with_the_non_finite_loss_contract_and_the_saved_step(
     trainer: Launcher, tmp_path: Path
 ) -> None:
-    run = trainer(*TF, "--steps", "10", "--checkpoint-interval", "2", "--fault", "nan@6",
-                  "--checkpoint-dir", str(tmp_path / "tf-ckpt"))
+    run = trainer(
+        *TF,
+        "--steps",
+        "10",
+        "--checkpoint-interval",
+        "2",
+        "--fault",
+        "nan@6",
+        "--checkpoint-dir",
+        str(tmp_path / "tf-ckpt"),
+    )
     assert run.wait(TIMEOUT) == 24, run.log[-2000:]
     message = run.message()
     assert message is not None and message["code"] == "NAN_LOSS"

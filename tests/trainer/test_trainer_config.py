@@ -20,20 +20,33 @@ pytestmark = pytest.mark.trainer
 CASES = [
     ({}, None),
     (
-        {"JAX_COORDINATOR_ADDRESS": "job-0.svc:1234", "JAX_NUM_PROCESSES": "4",
-         "JAX_PROCESS_ID": "3", "TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "a,b"},
+        {
+            "JAX_COORDINATOR_ADDRESS": "job-0.svc:1234",
+            "JAX_NUM_PROCESSES": "4",
+            "JAX_PROCESS_ID": "3",
+            "TPU_WORKER_ID": "1",
+            "TPU_WORKER_HOSTNAMES": "a,b",
+        },
         Distributed("job-0.svc:1234", 4, 3),
     ),
     ({"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "localhost"}, None),
     ({"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "h0,h1,h2,h3"}, Distributed("h0:8476", 4, 1)),
     (
-        {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "s1h0,s1h1", "MEGASCALE_NUM_SLICES": "2",
-         "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": "s0h0:8080"},
+        {
+            "TPU_WORKER_ID": "1",
+            "TPU_WORKER_HOSTNAMES": "s1h0,s1h1",
+            "MEGASCALE_NUM_SLICES": "2",
+            "MEGASCALE_SLICE_ID": "1",
+            "MEGASCALE_COORDINATOR_ADDRESS": "s0h0:8080",
+        },
         Distributed("s0h0:8476", 4, 3),
     ),
     (
-        {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "h0,h1",
-         "JAX_COORDINATOR_ADDRESS": "given:9999"},
+        {
+            "TPU_WORKER_ID": "0",
+            "TPU_WORKER_HOSTNAMES": "h0,h1",
+            "JAX_COORDINATOR_ADDRESS": "given:9999",
+        },
         Distributed("given:9999", 2, 0),
     ),
     ({"JAX_COORDINATOR_ADDRESS": "c:1", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"}, None),
@@ -97,7 +110,9 @@ def test_env_supplies_defaults_and_flags_override_them() -> None:
     }
     config = load_config(["--keep", "5", "--fault", "shape@2", "--framework", "tensorflow"], env)
     assert (config.checkpoint_dir, config.checkpoint_interval, config.keep) == (
-        "gs://bucket/run", 7, 5,
+        "gs://bucket/run",
+        7,
+        5,
     )
     assert [f.kind for f in config.faults] == [FaultKind.SHAPE, FaultKind.CRASH, FaultKind.HANG]
     assert (config.attempt, config.collective_timeout_seconds) == (3, 90)
@@ -109,10 +124,12 @@ def test_a_loop_s_own_faults_and_health_interval_join_the_environment_s() -> Non
     """A job's spec cannot set TPUJOB_ variables, so an SDK loop passes its drill's faults
     and health interval itself; the environment's faults still apply."""
     env = {"TPUJOB_FAULTS": "crash@7", "TPUJOB_HEALTH_EVERY_STEPS": "20"}
-    config = load_loop_config(env, steps=50, faults=["slow-input@3", "straggle@1:worker=1"],
-                              health_every=5)
+    config = load_loop_config(
+        env, steps=50, faults=["slow-input@3", "straggle@1:worker=1"], health_every=5
+    )
     assert sorted(f.kind for f in config.faults) == sorted(
-        [FaultKind.CRASH, FaultKind.SLOW_INPUT, FaultKind.STRAGGLE])
+        [FaultKind.CRASH, FaultKind.SLOW_INPUT, FaultKind.STRAGGLE]
+    )
     assert config.health_every == 5
     assert load_loop_config(env, steps=50).health_every == 20
 

@@ -44,8 +44,10 @@ CASES: list[tuple[Callable[[], None], ExitCode]] = [
     (_raise_shape_error, ExitCode.SHAPE_MISMATCH),
     (_raise_host_oom, ExitCode.HOST_OOM),
     (_raise(RuntimeErr("RESOURCE_EXHAUSTED: Out of memory allocating 1.0T")), ExitCode.HBM_OOM),
-    (_raise(RuntimeErr("UNKNOWN: Gloo all-reduce failed: Connection closed by peer")),
-     ExitCode.COLLECTIVE_FAILURE),
+    (
+        _raise(RuntimeErr("UNKNOWN: Gloo all-reduce failed: Connection closed by peer")),
+        ExitCode.COLLECTIVE_FAILURE,
+    ),
     (_raise(RuntimeErr("UNAVAILABLE: Task 1 heartbeat timeout")), ExitCode.COLLECTIVE_FAILURE),
     (_raise(RuntimeErr("DEADLINE_EXCEEDED: Barrier timed out")), ExitCode.COORDINATION_TIMEOUT),
     (_raise(TrainerError(ExitCode.DEVICE_BUSY, "busy")), ExitCode.DEVICE_BUSY),
@@ -57,9 +59,17 @@ CASES: list[tuple[Callable[[], None], ExitCode]] = [
 @pytest.mark.parametrize(
     ("failing", "expected"),
     CASES,
-    ids=["jax-shape-error", "host-allocation-failure", "resource-exhausted", "gloo-peer-closed",
-         "coordination-heartbeat-timeout", "deadline-exceeded", "known-trainer-error",
-         "plain-user-bug", "anything-else"],
+    ids=[
+        "jax-shape-error",
+        "host-allocation-failure",
+        "resource-exhausted",
+        "gloo-peer-closed",
+        "coordination-heartbeat-timeout",
+        "deadline-exceeded",
+        "known-trainer-error",
+        "plain-user-bug",
+        "anything-else",
+    ],
 )
 def test_exceptions_map_to_contract_codes(failing: Callable[[], None], expected: ExitCode) -> None:
     with pytest.raises(BaseException) as caught:
@@ -80,7 +90,10 @@ def test_report_writes_a_parseable_message_and_the_traceback_to_stderr(
     message = parse_termination_message(path.read_text())
     assert message is not None
     assert (message.code, message.exit_code, message.step, message.checkpoint_step) == (
-        "SHAPE_MISMATCH", 21, 7, 5,
+        "SHAPE_MISMATCH",
+        21,
+        7,
+        5,
     )
     assert "dot_general" in message.summary and "_raise_shape_error" in message.traceback
     assert "_raise_shape_error" in capsys.readouterr().err

@@ -27,10 +27,26 @@ def test_fault_specs_parse(spec: str, expected: Fault) -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["crash", "crash@", "boom@3", "exit-code@3", "exit-code=0@3", "exit-code=137@3",
-     "hang@3:node=1", "hang@-1"],
-    ids=["no-step", "empty-step", "unknown-kind", "exit-code-without-code", "exit-code-zero",
-         "exit-code-in-signal-range", "unknown-qualifier", "negative-step"],
+    [
+        "crash",
+        "crash@",
+        "boom@3",
+        "exit-code@3",
+        "exit-code=0@3",
+        "exit-code=137@3",
+        "hang@3:node=1",
+        "hang@-1",
+    ],
+    ids=[
+        "no-step",
+        "empty-step",
+        "unknown-kind",
+        "exit-code-without-code",
+        "exit-code-zero",
+        "exit-code-in-signal-range",
+        "unknown-qualifier",
+        "negative-step",
+    ],
 )
 def test_bad_fault_specs_are_rejected(spec: str) -> None:
     with pytest.raises(ValueError, match="fault spec"):
@@ -47,8 +63,14 @@ def test_bad_fault_specs_are_rejected(spec: str) -> None:
         ("crash@5:attempt=0", 5, 0, 1, False),
         ("crash@5:attempt=1", 5, 0, 1, True),
     ],
-    ids=["every-attempt-every-worker", "other-step", "other-worker", "its-worker",
-         "restarted-attempt-trains-on", "its-attempt"],
+    ids=[
+        "every-attempt-every-worker",
+        "other-step",
+        "other-worker",
+        "its-worker",
+        "restarted-attempt-trains-on",
+        "its-attempt",
+    ],
 )
 def test_fault_fires_only_where_qualified(
     spec: str, step: int, worker: int, attempt: int, fires: bool

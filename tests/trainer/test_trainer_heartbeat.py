@@ -50,13 +50,20 @@ class FakeClock:
 
 
 def progress(step: int) -> Progress:
-    return Progress(step=step, total_steps=50, loss=0.25, steps_per_second=2.5,
-                    checkpoint_step=10, attempt=1)
+    return Progress(
+        step=step, total_steps=50, loss=0.25, steps_per_second=2.5, checkpoint_step=10, attempt=1
+    )
 
 
 def make(client: RecordingLeases, clock: FakeClock) -> Heartbeat:
-    return Heartbeat(client, name="job-heartbeat", namespace="ml", min_interval=1.0,
-                     clock=clock, wall_clock=lambda: NOW)
+    return Heartbeat(
+        client,
+        name="job-heartbeat",
+        namespace="ml",
+        min_interval=1.0,
+        clock=clock,
+        wall_clock=lambda: NOW,
+    )
 
 
 def test_renewal_publishes_progress_as_renew_time_and_annotations() -> None:
@@ -68,9 +75,13 @@ def test_renewal_publishes_progress_as_renew_time_and_annotations() -> None:
     assert (name, namespace) == ("job-heartbeat", "ml")
     assert body["spec"]["renewTime"] == "2030-01-02T03:04:05.678901Z"
     assert body["metadata"]["annotations"] == {
-        HEARTBEAT_STEP: "12", HEARTBEAT_TOTAL_STEPS: "50", HEARTBEAT_LOSS: "0.25",
-        HEARTBEAT_STEPS_PER_SECOND: "2.5", HEARTBEAT_CHECKPOINT_STEP: "10",
-        HEARTBEAT_ATTEMPT: "1", HEARTBEAT_REJOINS: "false",
+        HEARTBEAT_STEP: "12",
+        HEARTBEAT_TOTAL_STEPS: "50",
+        HEARTBEAT_LOSS: "0.25",
+        HEARTBEAT_STEPS_PER_SECOND: "2.5",
+        HEARTBEAT_CHECKPOINT_STEP: "10",
+        HEARTBEAT_ATTEMPT: "1",
+        HEARTBEAT_REJOINS: "false",
     }
 
 
@@ -88,11 +99,24 @@ def test_a_supervised_trainer_says_so_on_its_heartbeat() -> None:
         ([("renew", 0.0)], 0),
         ([("step", 0.0), ("renew", 0.0), ("renew", 5.0)], 1),
         ([("step", 0.0), ("renew", 0.0), ("step", 0.2), ("renew", 0.5), ("renew", 1.0)], 2),
-        ([("step", 0.0), ("renew", 0.0), ("step", 0.1), ("renew", 0.4), ("step", 0.6),
-          ("renew", 0.9)], 1),
+        (
+            [
+                ("step", 0.0),
+                ("renew", 0.0),
+                ("step", 0.1),
+                ("renew", 0.4),
+                ("step", 0.6),
+                ("renew", 0.9),
+            ],
+            1,
+        ),
     ],
-    ids=["no-step-no-renewal", "a-hung-step-stops-renewing", "next-step-waits-for-interval",
-         "many-steps-in-one-interval-renew-once"],
+    ids=[
+        "no-step-no-renewal",
+        "a-hung-step-stops-renewing",
+        "next-step-waits-for-interval",
+        "many-steps-in-one-interval-renew-once",
+    ],
 )
 def test_renewals_follow_progress_and_the_rate_limit(
     events: list[tuple[str, float]], renewals: int
@@ -164,4 +188,6 @@ def test_the_last_renewal_names_the_checkpoint_committed_after_the_last_step() -
     loop.stop_heartbeat(heartbeat)
     notes = [p[2]["metadata"]["annotations"] for p in client.patches]
     assert [(n[HEARTBEAT_STEP], n[HEARTBEAT_CHECKPOINT_STEP]) for n in notes] == [
-        ("50", "40"), ("50", "50")]
+        ("50", "40"),
+        ("50", "50"),
+    ]

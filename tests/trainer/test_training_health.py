@@ -32,8 +32,14 @@ pytestmark = pytest.mark.trainer
         ([1.0, 1.1, 0.9, 50.0], None, None),
         ([1.0, 50.0], 10.0, None),
     ],
-    ids=["nan", "inf", "minus-inf", "spike-over-running-median", "spike-check-off-by-default",
-         "no-spike-before-the-window-fills"],
+    ids=[
+        "nan",
+        "inf",
+        "minus-inf",
+        "spike-over-running-median",
+        "spike-check-off-by-default",
+        "no-spike-before-the-window-fills",
+    ],
 )
 def test_loss_guard_stops_at_the_bad_step(
     losses: list[float], spike_factor: float | None, anomaly: Anomaly | None
@@ -67,9 +73,11 @@ def test_skip_batches_parse(
     assert parse_skip_batches(text, resume) == windows
 
 
-@pytest.mark.parametrize("text", ["5", "x:3", "3:-1", "3", "1:99999999"],
-                         ids=["count-without-resume", "bad-step", "negative", "bare-no-resume",
-                              "huge"])
+@pytest.mark.parametrize(
+    "text",
+    ["5", "x:3", "3:-1", "3", "1:99999999"],
+    ids=["count-without-resume", "bad-step", "negative", "bare-no-resume", "huge"],
+)
 def test_malformed_skip_batches_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_skip_batches(text, None)

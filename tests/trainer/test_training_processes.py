@@ -38,7 +38,14 @@ def test_two_processes_reach_the_same_loss_as_one_on_the_same_global_batch(
 
 def test_killing_one_worker_makes_the_other_fail_with_a_collective_error(job: Job) -> None:
     workers = job(
-        "--steps", "100000", "--batch-size", "8", "--step-time", "0.05", "--log-every", "5",
+        "--steps",
+        "100000",
+        "--batch-size",
+        "8",
+        "--step-time",
+        "0.05",
+        "--log-every",
+        "5",
         env={"TPUJOB_COLLECTIVE_TIMEOUT_SECONDS": "10"},
     )
     workers[1].wait_for_log(r"step 10/", timeout=120)
@@ -51,22 +58,31 @@ def test_killing_one_worker_makes_the_other_fail_with_a_collective_error(job: Jo
     if code >= 0:
         # The survivor's own handler ran: the contract names the failure.
         assert code in (30, 31), workers[0].log[-2000:]
-        assert message is not None and message["code"] in ("COLLECTIVE_FAILURE",
-                                                             "COLLECTIVE_TIMEOUT")
+        assert message is not None and message["code"] in (
+            "COLLECTIVE_FAILURE",
+            "COLLECTIVE_TIMEOUT",
+        )
         assert message["worker"] == 0 and message["step"] >= 10
     else:
         # The coordination service aborted the process from C++: the log carries the cause.
         assert re.search(r"Gloo|heartbeat timeout|UNAVAILABLE", workers[0].log), workers[0].log
-    assert re.search(r"Gloo|Connection (closed|reset) by peer|heartbeat timeout|UNAVAILABLE",
-                     workers[0].log)
+    assert re.search(
+        r"Gloo|Connection (closed|reset) by peer|heartbeat timeout|UNAVAILABLE", workers[0].log
+    )
 
 
 def test_sigterm_to_one_worker_stops_every_worker_at_one_committed_step_and_both_resume_it(
     job: Job, tmp_path: Path
 ) -> None:
     checkpoints = tmp_path / "ckpt"
-    args = ("--batch-size", "8", "--checkpoint-dir", str(checkpoints),
-            "--checkpoint-interval", "1000")
+    args = (
+        "--batch-size",
+        "8",
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--checkpoint-interval",
+        "1000",
+    )
     workers = job("--steps", "100000", "--step-time", "0.1", *args)
     workers[0].wait_for_log(r"step 3/", timeout=120)
     workers[1].process.send_signal(signal.SIGTERM)

@@ -101,7 +101,10 @@ def trainer(tmp_path: Path) -> Iterator[Launcher]:
     started: list[TrainerProcess] = []
 
     def launch(
-        *args: str, env: Mapping[str, str] | None = None, worker: int = 0, name: str = "run",
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        worker: int = 0,
+        name: str = "run",
         program: Sequence[str] = ("-m", "tpujob_trainer"),
     ) -> TrainerProcess:
         log_path = tmp_path / f"{name}-{worker}.log"
@@ -117,7 +120,10 @@ def trainer(tmp_path: Path) -> Iterator[Launcher]:
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, *program, *args],
-                env=full_env, stdout=log_file, stderr=subprocess.STDOUT, cwd=tmp_path,
+                env=full_env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
             )
         started.append(TrainerProcess(process, log_path, message_path, worker))
         return started[-1]
@@ -134,7 +140,10 @@ def job(trainer: Launcher) -> Callable[..., list[TrainerProcess]]:
     """Start an N-process job on loopback: the same arguments, one process per id."""
 
     def launch_job(
-        *args: str, processes: int = 2, env: Mapping[str, str] | None = None, name: str = "job",
+        *args: str,
+        processes: int = 2,
+        env: Mapping[str, str] | None = None,
+        name: str = "job",
         program: Sequence[str] = ("-m", "tpujob_trainer"),
     ) -> list[TrainerProcess]:
         address = f"127.0.0.1:{free_port()}"

@@ -28,8 +28,10 @@ FEATURES, HIDDEN = 8, 32
 
 def init_state(seed: int, tx: optax.GradientTransformation) -> dict[str, Any]:
     k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-    params = {"w1": jax.random.normal(k1, (FEATURES, HIDDEN)) / np.sqrt(FEATURES),
-              "w2": jax.random.normal(k2, (HIDDEN, 1)) / np.sqrt(HIDDEN)}
+    params = {
+        "w1": jax.random.normal(k1, (FEATURES, HIDDEN)) / np.sqrt(FEATURES),
+        "w2": jax.random.normal(k2, (HIDDEN, 1)) / np.sqrt(HIDDEN),
+    }
     return {"params": params, "opt": tx.init(params)}
 
 
@@ -51,8 +53,12 @@ def main() -> None:
     parser.add_argument("--health-every", type=int, default=None, metavar="STEPS")
     args = parser.parse_args()
     sdk.setup_logging()  # tpujob
-    with sdk.Job.from_env(steps=args.steps, checkpoint_interval=10,  # tpujob
-                          faults=args.fault, health_every=args.health_every) as job:
+    with sdk.Job.from_env(
+        steps=args.steps,
+        checkpoint_interval=10,  # tpujob
+        faults=args.fault,
+        health_every=args.health_every,
+    ) as job:
         mesh = Mesh(np.array(jax.devices()), ("data",))
         replicated = NamedSharding(mesh, PartitionSpec())
         sharded = NamedSharding(mesh, PartitionSpec("data"))

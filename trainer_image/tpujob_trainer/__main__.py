@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         context = holder[-1]
         saved = context.checkpoint_step
         summary = (
-            f"stopped by SIGTERM after saving step {saved}" if saved is not None
+            f"stopped by SIGTERM after saving step {saved}"
+            if saved is not None
             else "stopped by SIGTERM; no checkpoint was saved"
         )
         write_termination_message(build_message(code, summary, context))

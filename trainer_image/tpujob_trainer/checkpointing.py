@@ -101,7 +101,9 @@ class Checkpoints:
         self._manager = ocp.CheckpointManager(
             self._root,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, create=True, enable_async_checkpointing=True,
+                max_to_keep=keep,
+                create=True,
+                enable_async_checkpointing=True,
                 cleanup_tmp_directories=True,
             ),
         )
@@ -135,9 +137,7 @@ class Checkpoints:
         if step in self._manager.all_steps():
             return False
         try:
-            started = bool(
-                self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
-            )
+            started = bool(self._manager.save(step, args=ocp.args.StandardSave(state), force=True))
         except Exception as error:
             raise TrainerError(
                 ExitCode.CHECKPOINT_SAVE_FAILED,
@@ -175,8 +175,12 @@ class Checkpoints:
         for step in candidates:
             outcome = self._read(step, abstract)
             if isinstance(outcome, _Corrupt):
-                log.warning("checkpoint step %d cannot be restored (%s: %s); falling back to "
-                            "the previous", step, outcome.evidence, outcome.detail)
+                log.warning(
+                    "checkpoint step %d cannot be restored (%s: %s); falling back to the previous",
+                    step,
+                    outcome.evidence,
+                    outcome.detail,
+                )
                 continue
             if isinstance(outcome, _Unreadable):
                 unreadable = f"step {step}: {outcome.detail}"
@@ -224,8 +228,9 @@ class Checkpoints:
             restored: State = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
             return restored
 
-        outcome = read_with_retries(load, self._retry, what=f"checkpoint step {step}",
-                                    sleep=self._sleep)
+        outcome = read_with_retries(
+            load, self._retry, what=f"checkpoint step {step}", sleep=self._sleep
+        )
         if not isinstance(outcome, ReadFailed):
             return outcome
         if outcome.failure is ReadFailure.CORRUPT:

@@ -177,14 +177,18 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--keep", type=int, default=_int(env.get(ENV_CHECKPOINT_KEEP) or "3", ENV_CHECKPOINT_KEEP)
     )
     parser.add_argument(
-        "--fault", action="append", default=[], metavar="SPEC",
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
         help="inject a real failure, e.g. crash@80, hang@120:worker=1, exit-code=3@5:attempt=0",
     )
     parser.add_argument(
         "--framework", choices=[f.value for f in Framework], default=Framework.JAX.value
     )
     parser.add_argument(
-        NO_REJOIN_FLAG, action="store_true",
+        NO_REJOIN_FLAG,
+        action="store_true",
         help="never restart in place: a failure of another slice replaces this pod too",
     )
     return parser
@@ -243,8 +247,9 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         heartbeat_lease=env.get(ENV_HEARTBEAT_LEASE) or None,
         resume_step=resume_step,
         skip_windows=skip_windows,
-        health_every=max(1, _int(env.get(ENV_HEALTH_EVERY) or str(DEFAULT_HEALTH_EVERY_STEPS),
-                                 ENV_HEALTH_EVERY)),
+        health_every=max(
+            1, _int(env.get(ENV_HEALTH_EVERY) or str(DEFAULT_HEALTH_EVERY_STEPS), ENV_HEALTH_EVERY)
+        ),
         namespace=env.get(ENV_NAMESPACE) or "default",
         job_uid=env.get(ENV_JOB_UID) or None,
         rejoins=env.get(ENV_SUPERVISED) == "1",
@@ -252,8 +257,13 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
 
 
 def load_loop_config(
-    env: Mapping[str, str], *, steps: int, checkpoint_interval: int | None = None,
-    log_every: int = 10, faults: Sequence[str] = (), health_every: int | None = None,
+    env: Mapping[str, str],
+    *,
+    steps: int,
+    checkpoint_interval: int | None = None,
+    log_every: int = 10,
+    faults: Sequence[str] = (),
+    health_every: int | None = None,
 ) -> TrainerConfig:
     """The config of a user's own loop (the SDK): the operator's environment, no flags.
 
@@ -264,8 +274,14 @@ def load_loop_config(
     as an explicit `checkpoint_interval` does.
     """
     distributed = resolve_distributed(env)
-    argv = ["--steps", str(steps), "--log-every", str(log_every),
-            "--batch-size", str(distributed.num_processes if distributed else 1)]
+    argv = [
+        "--steps",
+        str(steps),
+        "--log-every",
+        str(log_every),
+        "--batch-size",
+        str(distributed.num_processes if distributed else 1),
+    ]
     if checkpoint_interval is not None:
         argv += ["--checkpoint-interval", str(checkpoint_interval)]
     for spec in faults:

@@ -139,8 +139,9 @@ def write_termination_message(message: TerminationMessage) -> None:
     try:
         path.write_text(encode_termination_message(message))
     except OSError as error:
-        print(f"tpujob-trainer: cannot write termination message to {path}: {error}",
-              file=sys.stderr)
+        print(
+            f"tpujob-trainer: cannot write termination message to {path}: {error}", file=sys.stderr
+        )
 
 
 def report_exception(exc: BaseException, context: FailureContext) -> ExitCode:

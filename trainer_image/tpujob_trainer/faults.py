@@ -125,7 +125,8 @@ def lasting(
 def restore_error_from(faults: Iterable[Fault], *, worker: int, attempt: int) -> int | None:
     """The checkpoint step from which one injected transient read error applies, if any."""
     steps = [
-        f.step for f in faults
+        f.step
+        for f in faults
         if f.kind is FaultKind.RESTORE_ERROR and f.applies(worker=worker, attempt=attempt)
     ]
     return min(steps) if steps else None

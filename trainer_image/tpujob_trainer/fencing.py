@@ -90,9 +90,11 @@ class FencedError(TrainerError):
     """This attempt is fenced: a newer attempt owns the checkpoints."""
 
     def __init__(self, attempt: int, decision: Decision) -> None:
-        owner, note = (("another job of the same name", LEASE_FENCE_JOB_ANNOTATION)
-                       if decision.reason is Reason.OTHER_JOB else
-                       (f"attempt {decision.token}", LEASE_FENCE_ANNOTATION))
+        owner, note = (
+            ("another job of the same name", LEASE_FENCE_JOB_ANNOTATION)
+            if decision.reason is Reason.OTHER_JOB
+            else (f"attempt {decision.token}", LEASE_FENCE_ANNOTATION)
+        )
         super().__init__(
             ExitCode.FENCED,
             f"attempt {attempt} is fenced: {owner} owns the checkpoints now (lease annotation "
@@ -112,8 +114,9 @@ def parse_token(value: str | None) -> int | None:
     return token if token <= MAX_TOKEN else None
 
 
-def decide(annotations: Mapping[str, str] | None, attempt: int,
-           job_uid: str | None = None) -> Decision:
+def decide(
+    annotations: Mapping[str, str] | None, attempt: int, job_uid: str | None = None
+) -> Decision:
     """Pure: the verdict for `attempt` of job `job_uid` given the Lease's annotations (None:
     unreadable). Without a uid on either side the attempt alone decides."""
     if annotations is None:
@@ -180,9 +183,12 @@ class SaveGate:
                 self._lease, self._namespace
             )
         except Exception as error:
-            log.warning("fencing: reading lease %s/%s failed: %s",
-                        self._namespace, self._lease, str(error).splitlines()[0][:300]
-                        if str(error) else type(error).__name__)
+            log.warning(
+                "fencing: reading lease %s/%s failed: %s",
+                self._namespace,
+                self._lease,
+                str(error).splitlines()[0][:300] if str(error) else type(error).__name__,
+            )
             annotations = None
         return decide(annotations, self._attempt, self._job_uid)
 
@@ -192,14 +198,24 @@ class SaveGate:
         Every process must call this at the same step: it is a collective.
         """
         mine = self.check()
-        rows = self._gather([int(mine.verdict), list(Reason).index(mine.reason),
-                             -1 if mine.token is None else mine.token])
+        rows = self._gather(
+            [
+                int(mine.verdict),
+                list(Reason).index(mine.reason),
+                -1 if mine.token is None else mine.token,
+            ]
+        )
         job = agree(rows)
         if job.verdict is Verdict.FENCED:
             raise FencedError(self._attempt, job)
         if job.verdict is Verdict.SKIP:
             self.skipped += 1
-            log.warning("fencing: not saving step %d (%s, token %s, attempt %d); the next save "
-                        "asks again", step, job.reason, job.token, self._attempt)
+            log.warning(
+                "fencing: not saving step %d (%s, token %s, attempt %d); the next save asks again",
+                step,
+                job.reason,
+                job.token,
+                self._attempt,
+            )
             return False
         return True

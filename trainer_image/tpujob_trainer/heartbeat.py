@@ -64,14 +64,19 @@ class KubernetesLeaseClient:
 
     def patch_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
         """Merge-patch the Lease; the operator created it and granted `patch` on it alone."""
-        self._api.patch_namespaced_lease(name, namespace, body,
-                                         _content_type="application/merge-patch+json",
-                                         _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        self._api.patch_namespaced_lease(
+            name,
+            namespace,
+            body,
+            _content_type="application/merge-patch+json",
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+        )
 
     def read_lease_annotations(self, name: str, namespace: str) -> Mapping[str, str]:
         """The Lease's annotations; the operator granted `get` on it."""
-        lease = self._api.read_namespaced_lease(name, namespace,
-                                                _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        lease = self._api.read_namespaced_lease(
+            name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+        )
         annotations = lease.metadata.annotations if lease.metadata else None
         return {str(k): str(v) for k, v in (annotations or {}).items()}
 
@@ -177,8 +182,9 @@ class Heartbeat:
         except Exception as error:
             # Any API or network error: training matters more than the heartbeat.
             self.errors += 1
-            log.warning("heartbeat: renewing lease %s/%s failed: %s",
-                        self._namespace, self._name, error)
+            log.warning(
+                "heartbeat: renewing lease %s/%s failed: %s", self._namespace, self._name, error
+            )
             return False
         self.renewals += 1
         return True

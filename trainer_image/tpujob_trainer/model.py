@@ -55,9 +55,7 @@ class SortingTransformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        position = self.param(
-            "position", nn.initializers.normal(0.02), (SEQUENCE_LENGTH, D_MODEL)
-        )
+        position = self.param("position", nn.initializers.normal(0.02), (SEQUENCE_LENGTH, D_MODEL))
         # A batch of another length fails here with JAX's own broadcasting error (the `shape`
         # fault relies on it), instead of being silently cropped.
         x = nn.Embed(VOCAB, D_MODEL)(tokens) + position
@@ -70,8 +68,9 @@ class SortingTransformer(nn.Module):
 MODEL = SortingTransformer()
 
 
-def _initial_value(path: tuple[Any, ...], shape: tuple[int, ...],
-                   rng: np.random.Generator) -> np.ndarray:
+def _initial_value(
+    path: tuple[Any, ...], shape: tuple[int, ...], rng: np.random.Generator
+) -> np.ndarray:
     """One parameter's starting value in flax's default scheme, drawn with numpy."""
     names = [str(getattr(key, "key", key)) for key in path]
     name = names[-1]

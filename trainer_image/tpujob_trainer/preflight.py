@@ -83,7 +83,10 @@ def check_devices(
         if allow_cpu_fallback:
             log.warning(
                 "expected %d TPU chips per host but %s uses %s; continuing because CPU fallback "
-                "is allowed", expect_chips, framework, probe.backend,
+                "is allowed",
+                expect_chips,
+                framework,
+                probe.backend,
             )
             return probe.backend
         raise TrainerError(

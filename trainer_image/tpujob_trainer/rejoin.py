@@ -113,16 +113,21 @@ class Supervisor:
                 code = child.returncode
                 if self._stopping or not lost_a_peer(code):
                     return exit_status(code)
-                log.warning("the training process lost a peer (exit %s); waiting up to %.0fs "
-                            "for a rejoin order", exit_status(code), self.hold_seconds)
+                log.warning(
+                    "the training process lost a peer (exit %s); waiting up to %.0fs "
+                    "for a rejoin order",
+                    exit_status(code),
+                    self.hold_seconds,
+                )
                 order = self._await_order(attempt)
                 if order is None:
                     return exit_status(code)
             else:
                 child.kill()
                 child.wait()
-            log.warning("rejoining as attempt %d (coordinator %s)", order.attempt,
-                        order.coordinator)
+            log.warning(
+                "rejoining as attempt %d (coordinator %s)", order.attempt, order.coordinator
+            )
             attempt, env = order.attempt, rejoined_env(env, order)
 
     def stop(self, signum: int) -> None:
@@ -138,8 +143,11 @@ class Supervisor:
         if message.is_file():
             message.write_bytes(b"")
         # The supervisor runs no thread of its own, so a preexec function is safe here.
-        self._child = subprocess.Popen(list(self.command), env=dict(env),
-                                       preexec_fn=_die_with_parent)  # noqa: PLW1509
+        self._child = subprocess.Popen(
+            list(self.command),
+            env=dict(env),
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
         if self._stopping:  # a SIGTERM that came while it started
             self._child.send_signal(signal.SIGTERM)
         return self._child
@@ -201,8 +209,11 @@ def wanted(env: Mapping[str, str]) -> bool:
 
 if __name__ == "__main__":
     # `python -m tpujob_trainer.rejoin COMMAND...`: for trainers of one's own (the SDK loop).
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stdout,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if len(sys.argv) < 2:
         sys.exit("usage: python -m tpujob_trainer.rejoin COMMAND [ARG...]")
     if not wanted(os.environ):

@@ -55,8 +55,11 @@ def parse_skip_batches(text: str | None, resume_step: int | None) -> tuple[SkipW
         step, sep, batches = part.partition(":")
         if not sep:
             raise ValueError(f"skip window {part!r} is not STEP:N")
-        windows.append(SkipWindow(_count(step, "skip window step", 1 << 40),
-                                  _count(batches, "skip window batches")))
+        windows.append(
+            SkipWindow(
+                _count(step, "skip window step", 1 << 40), _count(batches, "skip window batches")
+            )
+        )
     return tuple(sorted(windows, key=lambda w: w.after_step))
 
 

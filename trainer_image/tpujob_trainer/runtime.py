@@ -72,18 +72,27 @@ class Loop:
         if step % self.config.log_every == 0 or step == self.config.steps or stopping:
             elapsed = time.monotonic() - started
             self.rate = steps / elapsed if elapsed > 0 else 0.0
-            log.info("step %d/%d loss=%.8f steps_per_s=%.2f", step, self.config.steps, loss,
-                     self.rate)
+            log.info(
+                "step %d/%d loss=%.8f steps_per_s=%.2f", step, self.config.steps, loss, self.rate
+            )
             started, steps = time.monotonic(), 0
         self._rate_window = (started, steps)
 
-    def publish(self, heartbeat: Heartbeat | None, step: int, loss: float,
-                health: Health | None = None) -> None:
+    def publish(
+        self, heartbeat: Heartbeat | None, step: int, loss: float, health: Health | None = None
+    ) -> None:
         """Hand `step`'s numbers to the heartbeat (worker 0's; None elsewhere)."""
         if heartbeat is not None:
-            self._published = Progress(step, self.config.steps, loss, self.rate,
-                                       self.context.checkpoint_step, self.config.attempt,
-                                       health, rejoins=self.config.rejoins)
+            self._published = Progress(
+                step,
+                self.config.steps,
+                loss,
+                self.rate,
+                self.context.checkpoint_step,
+                self.config.attempt,
+                health,
+                rejoins=self.config.rejoins,
+            )
             heartbeat.progress(self._published)
 
     def stop_heartbeat(self, heartbeat: Heartbeat | None) -> None:
@@ -115,8 +124,10 @@ def join(config: TrainerConfig) -> None:
     timeout = config.collective_timeout_seconds
     log.info(
         "joining job: process %d of %d, coordinator %s, heartbeat timeout %ds",
-        distributed.process_id, distributed.num_processes,
-        distributed.coordinator_address, timeout,
+        distributed.process_id,
+        distributed.num_processes,
+        distributed.coordinator_address,
+        timeout,
     )
     jax.distributed.initialize(
         coordinator_address=distributed.coordinator_address,
@@ -135,8 +146,11 @@ def preflight(config: TrainerConfig) -> str:
     probe = probe_jax(config.expect_tpu_chips_per_host > 0)
     log.info(
         "devices: backend=%s local=%d global=%d kinds=%s jax=%s",
-        probe.backend, probe.local_devices, jax.device_count(),
-        ",".join(probe.device_kinds), jax.__version__,
+        probe.backend,
+        probe.local_devices,
+        jax.device_count(),
+        ",".join(probe.device_kinds),
+        jax.__version__,
     )
     return check_devices(
         probe,
@@ -163,8 +177,9 @@ def lease_client(config: TrainerConfig) -> KubernetesLeaseClient | _NoCredential
     try:
         return KubernetesLeaseClient()
     except Exception as error:
-        log.warning("heartbeat disabled and saves fenced off: no Kubernetes credentials (%s)",
-                    error)
+        log.warning(
+            "heartbeat disabled and saves fenced off: no Kubernetes credentials (%s)", error
+        )
         return _NoCredentials(str(error))
 
 
@@ -188,8 +203,14 @@ def save_gate(
         return None
     from tpujob_trainer.collectives import gather_ints
 
-    return SaveGate(client, lease=config.heartbeat_lease, namespace=config.namespace,
-                    attempt=config.attempt, gather=gather_ints, job_uid=config.job_uid)
+    return SaveGate(
+        client,
+        lease=config.heartbeat_lease,
+        namespace=config.namespace,
+        attempt=config.attempt,
+        gather=gather_ints,
+        job_uid=config.job_uid,
+    )
 
 
 def open_checkpoints(config: TrainerConfig, gate: SaveGate | None) -> Checkpoints | None:
@@ -200,7 +221,10 @@ def open_checkpoints(config: TrainerConfig, gate: SaveGate | None) -> Checkpoint
     from tpujob_trainer.checkpointing import Checkpoints
 
     return Checkpoints(
-        config.checkpoint_dir, keep=config.keep, attempt=config.attempt, gate=gate,
+        config.checkpoint_dir,
+        keep=config.keep,
+        attempt=config.attempt,
+        gate=gate,
         read_error_from=restore_error_from(
             config.faults, worker=config.process_id, attempt=config.attempt
         ),

@@ -74,8 +74,11 @@ def setup_logging() -> None:
     Optional: the operator reads `step i/N loss=...` lines from the log tail when there is no
     heartbeat, so a loop that configures logging itself should keep `tpujob_trainer` at INFO.
     """
-    logging.basicConfig(stream=sys.stdout, level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stdout,
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("tpujob_trainer").setLevel(logging.INFO)
 
 
@@ -114,8 +117,13 @@ class Job(runtime.Loop):
 
     @classmethod
     def from_env(
-        cls, *, steps: int, checkpoint_interval: int | None = None, log_every: int = 10,
-        spike_factor: float | None = None, faults: Sequence[str] = (),
+        cls,
+        *,
+        steps: int,
+        checkpoint_interval: int | None = None,
+        log_every: int = 10,
+        spike_factor: float | None = None,
+        faults: Sequence[str] = (),
         health_every: int | None = None,
     ) -> Self:
         """A job configured by the operator's environment (see `contract` for the names).
@@ -124,10 +132,14 @@ class Job(runtime.Loop):
         from the loop's own command line when it has one for them; see `load_loop_config`.
         """
         try:
-            config = load_loop_config(os.environ, steps=steps,
-                                      checkpoint_interval=checkpoint_interval,
-                                      log_every=log_every, faults=faults,
-                                      health_every=health_every)
+            config = load_loop_config(
+                os.environ,
+                steps=steps,
+                checkpoint_interval=checkpoint_interval,
+                log_every=log_every,
+                faults=faults,
+                health_every=health_every,
+            )
         except TrainerError as error:
             # Before any process joined: the contract's message and code, as a bad flag of the
             # reference trainer gives.
@@ -151,7 +163,9 @@ class Job(runtime.Loop):
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None,
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
         _trace: TracebackType | None,
     ) -> None:
         if error is not None and not isinstance(error, SystemExit):
@@ -162,8 +176,11 @@ class Job(runtime.Loop):
             self._fail(failure)
         if self.stopping:
             saved = self.context.checkpoint_step
-            summary = (f"stopped by SIGTERM after saving step {saved}" if saved is not None
-                       else "stopped by SIGTERM; no checkpoint was saved")
+            summary = (
+                f"stopped by SIGTERM after saving step {saved}"
+                if saved is not None
+                else "stopped by SIGTERM; no checkpoint was saved"
+            )
             write_termination_message(build_message(ExitCode.PREEMPTED, summary, self.context))
             sys.exit(int(ExitCode.PREEMPTED))
 
@@ -178,10 +195,12 @@ class Job(runtime.Loop):
         if restored is None:
             return state, 0
         if restored.skipped:
-            log.warning("checkpoint fallback: steps %s could not be restored, resumed from %d",
-                        list(restored.skipped), restored.step)
-        self.context = replace(self.context, step=restored.step,
-                               checkpoint_step=restored.step)
+            log.warning(
+                "checkpoint fallback: steps %s could not be restored, resumed from %d",
+                list(restored.skipped),
+                restored.step,
+            )
+        self.context = replace(self.context, step=restored.step, checkpoint_step=restored.step)
         log.info("resumed from step %d", restored.step)
         return restored.state, restored.step
 
@@ -197,8 +216,13 @@ class Job(runtime.Loop):
             if fault is not None and fault.kind is not FaultKind.NAN:
                 inject(fault, step, self.context.backend or "cpu")
             self._step_started = time.monotonic()
-            if lasting(cfg.faults, FaultKind.SLOW_INPUT, step=step, worker=cfg.process_id,
-                       attempt=cfg.attempt):
+            if lasting(
+                cfg.faults,
+                FaultKind.SLOW_INPUT,
+                step=step,
+                worker=cfg.process_id,
+                attempt=cfg.attempt,
+            ):
                 time.sleep(SLOW_INPUT_SECONDS)
             batch = make_batch(data_index(step, cfg.skip_windows))
             if fault is not None and fault.kind is FaultKind.NAN:
@@ -233,10 +257,13 @@ class Job(runtime.Loop):
             rows = gather_floats(self._window.row(rss_bytes()))
             self._health = from_rows(step, rows)
             if cfg.process_id == 0:
-                log.info("health step=%d input_bound=%.3f worker_step_s=%s rss_mib=%s", step,
-                         self._health.input_bound_fraction,
-                         ",".join(f"{v:.3f}" for v in self._health.worker_step_seconds),
-                         ",".join(str(v >> 20) for v in self._health.worker_rss_bytes))
+                log.info(
+                    "health step=%d input_bound=%.3f worker_step_s=%s rss_mib=%s",
+                    step,
+                    self._health.input_bound_fraction,
+                    ",".join(f"{v:.3f}" for v in self._health.worker_step_seconds),
+                    ",".join(str(v >> 20) for v in self._health.worker_rss_bytes),
+                )
         self.log_progress(step, loss_value, self.stopping)
         due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or self.stopping
         if self._checkpoints is not None and due_to_save:

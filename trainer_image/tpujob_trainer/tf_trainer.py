@@ -81,17 +81,28 @@ class TensorFlowTrainer(runtime.Loop):
             devices = tf.config.list_logical_devices("CPU")
             probe = DeviceProbe("cpu", len(devices), ("cpu",), str(error) or type(error).__name__)
             strategy, backend = tf.distribute.get_strategy(), "cpu"
-            log.info("strategy: default (no TPU: %s)", probe.tpu_error.splitlines()[0][:200]
-                     if probe.tpu_error else "")
+            log.info(
+                "strategy: default (no TPU: %s)",
+                probe.tpu_error.splitlines()[0][:200] if probe.tpu_error else "",
+            )
         else:
             devices = tf.config.list_logical_devices("TPU")
             probe = DeviceProbe("tpu", len(devices), ("TPU",))
             backend = "tpu"
             log.info("strategy: TPUStrategy with %d replicas", strategy.num_replicas_in_sync)
-        log.info("devices: backend=%s local=%d kinds=%s tensorflow=%s", probe.backend,
-                 probe.local_devices, ",".join(probe.device_kinds), tf.__version__)
-        check_devices(probe, expect_chips=cfg.expect_tpu_chips_per_host,
-                      allow_cpu_fallback=cfg.allow_cpu_fallback, framework="TensorFlow")
+        log.info(
+            "devices: backend=%s local=%d kinds=%s tensorflow=%s",
+            probe.backend,
+            probe.local_devices,
+            ",".join(probe.device_kinds),
+            tf.__version__,
+        )
+        check_devices(
+            probe,
+            expect_chips=cfg.expect_tpu_chips_per_host,
+            allow_cpu_fallback=cfg.allow_cpu_fallback,
+            framework="TensorFlow",
+        )
         return strategy, backend
 
     def _restore(self, tf: Any, checkpoint: Any, manager: Any) -> int:
@@ -106,8 +117,9 @@ class TensorFlowTrainer(runtime.Loop):
         """
         resume_at = self.config.resume_step
         paths = [p for p in manager.checkpoints if resume_at is None or _step_of(p) <= resume_at]
-        read_error_from = restore_error_from(self.config.faults, worker=self.config.process_id,
-                                             attempt=self.config.attempt)
+        read_error_from = restore_error_from(
+            self.config.faults, worker=self.config.process_id, attempt=self.config.attempt
+        )
         for path in reversed(paths):
             inject = read_error_from is not None and _step_of(path) >= read_error_from
             read_error_from = None if inject else read_error_from
@@ -122,8 +134,9 @@ class TensorFlowTrainer(runtime.Loop):
                     f"({detail}); nothing was deleted, a later attempt reads it again. Check "
                     "the checkpoint storage's availability",
                 )
-            log.warning("checkpoint %s cannot be restored (%s); falling back to the previous",
-                        path, detail)
+            log.warning(
+                "checkpoint %s cannot be restored (%s); falling back to the previous", path, detail
+            )
         if paths:
             raise TrainerError(
                 ExitCode.CHECKPOINT_RESTORE_FAILED,
@@ -131,9 +144,11 @@ class TensorFlowTrainer(runtime.Loop):
             )
         return 0
 
-    def _read(self, tf: Any, checkpoint: Any, path: str, *,
-              inject_error: bool) -> ReadFailed | None:
+    def _read(
+        self, tf: Any, checkpoint: Any, path: str, *, inject_error: bool
+    ) -> ReadFailed | None:
         """Restore `path`, retrying transient errors; None once loaded, else why not."""
+
         def load() -> None:
             nonlocal inject_error
             if inject_error:
@@ -142,8 +157,11 @@ class TensorFlowTrainer(runtime.Loop):
             checkpoint.restore(path).assert_existing_objects_matched()
 
         outcome = read_with_retries(
-            load, self.retry, what=f"checkpoint {path}",
-            errors=(tf.errors.OpError, AssertionError, ValueError, OSError))
+            load,
+            self.retry,
+            what=f"checkpoint {path}",
+            errors=(tf.errors.OpError, AssertionError, ValueError, OSError),
+        )
         return outcome if isinstance(outcome, ReadFailed) else None
 
     def run(self) -> ExitCode:
@@ -154,11 +172,13 @@ class TensorFlowTrainer(runtime.Loop):
         strategy, backend = self._strategy(tf)
         self.context = replace(self.context, backend=backend)
         with strategy.scope():
-            net = tf.keras.Sequential([
-                tf.keras.Input((IN_FEATURES,)),
-                tf.keras.layers.Dense(HIDDEN, activation="tanh"),
-                tf.keras.layers.Dense(1),
-            ])
+            net = tf.keras.Sequential(
+                [
+                    tf.keras.Input((IN_FEATURES,)),
+                    tf.keras.layers.Dense(HIDDEN, activation="tanh"),
+                    tf.keras.layers.Dense(1),
+                ]
+            )
             optimizer = tf.keras.optimizers.Adam(LEARNING_RATE)
             step_var = tf.Variable(0, dtype=tf.int64)
         checkpoint = tf.train.Checkpoint(model=net, optimizer=optimizer, step=step_var)
@@ -167,13 +187,19 @@ class TensorFlowTrainer(runtime.Loop):
         # job's: the gate's default agreement is with itself alone, no collective.
         gate = None
         if cfg.heartbeat_lease is not None and client is not None:
-            gate = SaveGate(client, lease=cfg.heartbeat_lease, namespace=cfg.namespace,
-                            attempt=cfg.attempt, job_uid=cfg.job_uid)
+            gate = SaveGate(
+                client,
+                lease=cfg.heartbeat_lease,
+                namespace=cfg.namespace,
+                attempt=cfg.attempt,
+                job_uid=cfg.job_uid,
+            )
         manager, start = None, 0
         if cfg.checkpoint_dir:
             Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            manager = tf.train.CheckpointManager(checkpoint, cfg.checkpoint_dir,
-                                                 max_to_keep=cfg.keep)
+            manager = tf.train.CheckpointManager(
+                checkpoint, cfg.checkpoint_dir, max_to_keep=cfg.keep
+            )
             start = self._restore(tf, checkpoint, manager)
             if start:
                 self.context = replace(self.context, step=start, checkpoint_step=start)
@@ -202,8 +228,9 @@ class TensorFlowTrainer(runtime.Loop):
         while step < cfg.steps:
             fault = self.fault_before(step + 1, backend)
             features = IN_FEATURES + (fault is not None and fault.kind is FaultKind.SHAPE)
-            batch = make_batch(cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size,
-                               features)
+            batch = make_batch(
+                cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size, features
+            )
             if fault is not None and fault.kind is FaultKind.NAN:
                 batch.x[0, 0] = float("nan")  # the real loss of this step becomes NaN
             loss = float(train_step(tf.constant(batch.x), tf.constant(batch.y)))

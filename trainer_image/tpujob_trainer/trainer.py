@@ -53,8 +53,11 @@ class Trainer(runtime.Loop):
                 state, start = restored.state, restored.step
                 self.context = replace(self.context, checkpoint_step=start)
                 if restored.skipped:
-                    log.warning("checkpoint fallback: steps %s could not be restored, resumed "
-                                "from %d", list(restored.skipped), start)
+                    log.warning(
+                        "checkpoint fallback: steps %s could not be restored, resumed from %d",
+                        list(restored.skipped),
+                        start,
+                    )
                 log.info("resumed from step %d state_digest=%s", start, model.digest(state))
         heartbeat = runtime.heartbeat(cfg, client)
         guard = LossGuard()
@@ -67,8 +70,9 @@ class Trainer(runtime.Loop):
             fault = self.fault_before(step + 1, backend)
             # The shape fault feeds sequences one token longer than the model was built for.
             length = SEQUENCE_LENGTH + (fault is not None and fault.kind is FaultKind.SHAPE)
-            batch = make_sequence_batch(cfg.seed, data_index(step + 1, cfg.skip_windows),
-                                        cfg.batch_size, length)
+            batch = make_sequence_batch(
+                cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size, length
+            )
             if fault is not None and fault.kind is FaultKind.NAN:
                 batch.mask[0, 0] = np.nan  # the real loss of this step becomes NaN
             rows = slice(first_row, first_row + local_rows)

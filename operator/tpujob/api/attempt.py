@@ -30,8 +30,10 @@ class KeptSlice(StatusModel):
 
     slice: int = Field(ge=0, le=c.MAX_SLICES, description="Slice index.")
     pods_attempt: int = Field(
-        ge=1, le=1_000_000,
-        description="The attempt the kept pods were created for (their names carry it).")
+        ge=1,
+        le=1_000_000,
+        description="The attempt the kept pods were created for (their names carry it).",
+    )
 
 
 class AttemptStatus(StatusModel):
@@ -60,24 +62,31 @@ class AttemptStatus(StatusModel):
         default=None, ge=0, description="First step reported by this attempt's heartbeat."
     )
     memory_samples: tuple[MemorySampleStatus, ...] = Field(
-        default=(), max_length=32,
-        description="Host-memory readings of this attempt (HostMemoryGrowing's evidence).")
+        default=(),
+        max_length=32,
+        description="Host-memory readings of this attempt (HostMemoryGrowing's evidence).",
+    )
     rollback_step: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="This attempt restores the newest checkpoint at or before this step "
         "(a rollback after a non-finite loss).",
     )
     restored_step: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="The committed checkpoint step known when the attempt launched: where it "
         "resumes from (goodput counts steps past it as re-done work of the attempt before).",
     )
     first_heartbeat_time: datetime | None = Field(
-        default=None, description="When this attempt's first heartbeat was seen.")
+        default=None, description="When this attempt's first heartbeat was seen."
+    )
     kept_slices: tuple[KeptSlice, ...] = Field(
-        default=(), max_length=c.MAX_SLICES,
+        default=(),
+        max_length=c.MAX_SLICES,
         description="Slices whose pods stay and rejoin this attempt in place (a slice "
-        "restart); the others' pods are new.")
+        "restart); the others' pods are new.",
+    )
 
 
 class AttemptRecord(StatusModel):
@@ -86,8 +95,7 @@ class AttemptRecord(StatusModel):
 
     attempt: int = Field(ge=1, description="Attempt number.")
     launched: float = Field(ge=0, description="When its pods were created.")
-    first_heartbeat: float | None = Field(default=None, ge=0,
-                                          description="Its first heartbeat.")
+    first_heartbeat: float | None = Field(default=None, ge=0, description="Its first heartbeat.")
     first_step: int | None = Field(default=None, ge=0, description="Step of that heartbeat.")
     restored_step: int | None = Field(default=None, ge=0, description="Where it resumed.")
     ended: float = Field(ge=0, description="When its failure or success was seen.")
@@ -95,9 +103,11 @@ class AttemptRecord(StatusModel):
     last_step: int | None = Field(default=None, ge=0, description="Last step it reported.")
     steps_per_second: float | None = Field(default=None, ge=0, description="Its last rate.")
     input_bound_fraction: float | None = Field(
-        default=None, ge=0, le=1, description="Share of step time it waited for data.")
+        default=None, ge=0, le=1, description="Share of step time it waited for data."
+    )
     checkpoint_step: int | None = Field(
-        default=None, ge=0, description="Newest committed checkpoint when it ended.")
+        default=None, ge=0, description="Newest committed checkpoint when it ended."
+    )
 
 
 class MemorySampleStatus(StatusModel):
@@ -118,9 +128,13 @@ class FailureRecord(StatusModel):
     attempt: int | None = Field(default=None, ge=1, description="Attempt that failed.")
     slice: int | None = Field(default=None, ge=0, description="Slice of the root worker.")
     failure_class: str | None = Field(
-        default=None, alias="class", max_length=16, description="Class it was graded.")
+        default=None, alias="class", max_length=16, description="Class it was graded."
+    )
     memory_signature: str | None = Field(
-        default=None, max_length=64,
-        description="Code and normalised root message: equal across attempts, nodes, steps.")
+        default=None,
+        max_length=64,
+        description="Code and normalised root message: equal across attempts, nodes, steps.",
+    )
     progressed: bool | None = Field(
-        default=None, description="The attempt reported training progress of its own.")
+        default=None, description="The attempt reported training progress of its own."
+    )

@@ -88,6 +88,4 @@ Quantity = Annotated[
 
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
-DnsSubdomain = Annotated[
-    str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
-]
+DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]

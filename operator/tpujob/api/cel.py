@@ -62,7 +62,7 @@ def multislice_rule() -> JsonDict:
 
 
 def hosts_map() -> dict[str, int]:
-    """"accelerator/topology" -> hosts per slice, the source of a CEL map literal."""
+    """ "accelerator/topology" -> hosts per slice, the source of a CEL map literal."""
     return {f"{s.accelerator}/{s.topology}": s.hosts for s in topology.all_shapes()}
 
 

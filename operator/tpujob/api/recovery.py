@@ -182,7 +182,9 @@ class RecoverySpec(SpecModel):
     )
     max_hard_restarts: int = _budget(DEFAULT_MAX_HARD_RESTARTS, "hard (bad device or node)")
     max_nan_rollbacks: int = Field(
-        default=DEFAULT_MAX_NAN_ROLLBACKS, ge=0, le=20,
+        default=DEFAULT_MAX_NAN_ROLLBACKS,
+        ge=0,
+        le=20,
         description=(
             "Rollbacks after a non-finite (NaN/inf) loss: each restarts from the last "
             "checkpoint before the anomaly and skips the data window that led to it. One more "
@@ -221,8 +223,7 @@ class RecoverySpec(SpecModel):
         ),
     )
     bad_node_action: BadNodeAction = Field(
-        default=BadNodeAction.TAINT,
-        description="What to do to a node blamed for a hard failure.",
+        default=BadNodeAction.TAINT, description="What to do to a node blamed for a hard failure."
     )
     rules: tuple[UserRule, ...] = Field(
         default=(),

@@ -227,9 +227,7 @@ class CheckpointSpec(SpecModel):
 class TPUTrainingJobSpec(SpecModel):
     """The desired state of a TPU training run."""
 
-    model_config = ConfigDict(
-        json_schema_extra=validations(topology_cel.failed_node_budget_rule())
-    )
+    model_config = ConfigDict(json_schema_extra=validations(topology_cel.failed_node_budget_rule()))
 
     framework: Framework = Field(
         default=Framework.JAX, description="Training framework of the trainer."

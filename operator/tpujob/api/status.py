@@ -85,19 +85,26 @@ class FailedNode(StatusModel):
 
     name: str = Field(max_length=c.MAX_NAME_LENGTH, description="Node name.")
     uid: str | None = Field(
-        default=None, max_length=64, description="The Node object's uid when it was blamed. A "
+        default=None,
+        max_length=64,
+        description="The Node object's uid when it was blamed. A "
         "node of that name with another uid is a new one (GKE's auto-repair recreates the VM): "
-        "this job no longer avoids it, but it stays counted against maxFailedNodes.")
+        "this job no longer avoids it, but it stays counted against maxFailedNodes.",
+    )
     time: datetime | None = Field(default=None, description="When it was blamed.")
     code: str | None = Field(default=None, max_length=64, description="Failure code.")
     marked: bool | None = Field(
-        default=None, description="True once the node was seen tainted or cordoned as "
+        default=None,
+        description="True once the node was seen tainted or cordoned as "
         "spec.recovery.badNodeAction says; until then every reconcile marks it again, so an "
-        "operator restart between the decision and the mark cannot lose the mark.")
+        "operator restart between the decision and the mark cannot lose the mark.",
+    )
     job_only: bool | None = Field(
-        default=None, description="True when only this job's own history blames the node (its "
+        default=None,
+        description="True when only this job's own history blames the node (its "
         "failure recurred there): this job avoids it and counts it, but it is not marked for "
-        "other jobs, since a job's author controls how its program fails.")
+        "other jobs, since a job's author controls how its program fails.",
+    )
 
 
 class LastFailure(StatusModel):
@@ -161,16 +168,20 @@ class GoodputBreakdown(StatusModel):
 
     wall_seconds: float = Field(ge=0, description="Since the job started (to its end).")
     productive: float = Field(default=0, ge=0, description="Training steps that were kept.")
-    startup: float = Field(default=0, ge=0,
-                           description="Scheduling, image pull, device set-up and compile.")
+    startup: float = Field(
+        default=0, ge=0, description="Scheduling, image pull, device set-up and compile."
+    )
     restore: float = Field(default=0, ge=0, description="Checkpoint restore, when measured.")
-    redone: float = Field(default=0, ge=0,
-                          description="Steps lost to a restart or rollback, and detection.")
+    redone: float = Field(
+        default=0, ge=0, description="Steps lost to a restart or rollback, and detection."
+    )
     data_wait: float = Field(default=0, ge=0, description="Kept steps' time waiting for data.")
-    downtime: float = Field(default=0, ge=0,
-                            description="Between attempts: diagnosis, backoff, rescheduling.")
-    other: float = Field(default=0, ge=0,
-                         description="The rest: since the last heartbeat, final save, exit.")
+    downtime: float = Field(
+        default=0, ge=0, description="Between attempts: diagnosis, backoff, rescheduling."
+    )
+    other: float = Field(
+        default=0, ge=0, description="The rest: since the last heartbeat, final save, exit."
+    )
 
 
 class TPUTrainingJobStatus(StatusModel):
@@ -207,7 +218,8 @@ class TPUTrainingJobStatus(StatusModel):
         default=None, ge=0, description="Rollbacks done after a non-finite loss."
     )
     skip_batches: str | None = Field(
-        default=None, max_length=1024,
+        default=None,
+        max_length=1024,
         description="Data windows skipped after non-finite losses, STEP:N,... (after step STEP, "
         "N batches); given to every later attempt.",
     )
@@ -219,11 +231,14 @@ class TPUTrainingJobStatus(StatusModel):
         description="Fraction of wall time since start spent on productive training steps.",
     )
     goodput_breakdown: GoodputBreakdown | None = Field(
-        default=None, description="Wall time by category (productive is the goodput).")
+        default=None, description="Wall time by category (productive is the goodput)."
+    )
     attempt_history: tuple[AttemptRecord, ...] = Field(
-        default=(), max_length=ATTEMPT_HISTORY_LIMIT,
+        default=(),
+        max_length=ATTEMPT_HISTORY_LIMIT,
         description=f"The last {ATTEMPT_HISTORY_LIMIT} attempts that ended, oldest first "
-        "(the goodput breakdown's facts).")
+        "(the goodput breakdown's facts).",
+    )
     start_time: datetime | None = Field(default=None, description="When the job first started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")
     current_attempt: AttemptStatus = Field(
@@ -268,8 +283,13 @@ class TPUTrainingJobStatus(StatusModel):
             )
         if old is None:
             return self.model_copy(update={"conditions": (*self.conditions, condition)})
-        return self.model_copy(update={"conditions": tuple(
-            condition if x.type == condition.type else x for x in self.conditions)})
+        return self.model_copy(
+            update={
+                "conditions": tuple(
+                    condition if x.type == condition.type else x for x in self.conditions
+                )
+            }
+        )
 
 
 def status_patch(status: TPUTrainingJobStatus) -> dict[str, Any]:

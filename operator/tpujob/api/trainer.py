@@ -109,7 +109,7 @@ class TrainerSecurity(SpecModel):
                 "(has(self.allowRoot) && self.allowRoot)",
                 "runAsUser 0 is root; set allowRoot to run the trainer as root",
                 field_path=".runAsUser",
-            ),
+            )
         )
     )
 
@@ -170,9 +170,7 @@ class TrainerSecurity(SpecModel):
 class TrainerSpec(SpecModel):
     """The trainer container run on every host of every slice."""
 
-    image: str = Field(
-        min_length=1, max_length=512, description="Container image of the trainer."
-    )
+    image: str = Field(min_length=1, max_length=512, description="Container image of the trainer.")
     command: tuple[Arg, ...] | None = Field(
         default=None,
         max_length=c.MAX_ARGS,
@@ -204,9 +202,7 @@ class TrainerSpec(SpecModel):
         ),
     )
     total_steps: int | None = Field(
-        default=None,
-        ge=1,
-        description="Steps the run is expected to take, for progress reporting.",
+        default=None, ge=1, description="Steps the run is expected to take, for progress reporting."
     )
     security: TrainerSecurity = Field(
         default_factory=TrainerSecurity,

@@ -244,7 +244,8 @@ PEER_LOST_TRAINER_CODES = frozenset({FailureCode.COLLECTIVE_FAILURE})
 _PEER_GONE = compile_linear(
     r"connection (reset|closed) by peer|peer closed|gloo \w+ failed|another task died"
     r"|task \d+ (died|is no longer)|broken pipe",
-    where="built-in peer-gone pattern")
+    where="built-in peer-gone pattern",
+)
 
 
 def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:

@@ -18,13 +18,7 @@ from typing import Any
 
 import yaml
 
-from tpujob.diagnosis.linear import (
-    LiteralSet,
-    Match,
-    Regex,
-    UnsafePatternError,
-    compile_linear,
-)
+from tpujob.diagnosis.linear import LiteralSet, Match, Regex, UnsafePatternError, compile_linear
 from tpujob.diagnosis.model import Confidence, FailureClass, FailureCode
 from tpujob.diagnosis.prefilter import required_literals
 

@@ -86,32 +86,54 @@ def _list(value: Any) -> list[Mapping[str, Any]]:
 
 def check_crd(snap: Snapshot) -> list[Finding]:
     if snap.crd is None:
-        return [Finding(Check.CRD, Level.PROBLEM, CRD_NAME, "the TPUTrainingJob CRD is not "
-                        "installed", f"install the chart: {INSTALL}")]
+        return [
+            Finding(
+                Check.CRD,
+                Level.PROBLEM,
+                CRD_NAME,
+                "the TPUTrainingJob CRD is not installed",
+                f"install the chart: {INSTALL}",
+            )
+        ]
     versions = {str(v.get("name")): v for v in _list((snap.crd.get("spec") or {}).get("versions"))}
     ours = versions.get(VERSION)
     if ours is None or not ours.get("served"):
         served = ", ".join(sorted(n for n, v in versions.items() if v.get("served"))) or "none"
-        return [Finding(Check.CRD, Level.PROBLEM, CRD_NAME,
-                        f"version {VERSION} is not served (served: {served})",
-                        "upgrade the CRDs: kubectl apply --server-side --force-conflicts "
-                        "-f charts/tpujob-operator/crds/")]
+        return [
+            Finding(
+                Check.CRD,
+                Level.PROBLEM,
+                CRD_NAME,
+                f"version {VERSION} is not served (served: {served})",
+                "upgrade the CRDs: kubectl apply --server-side --force-conflicts "
+                "-f charts/tpujob-operator/crds/",
+            )
+        ]
     storage = next((n for n, v in versions.items() if v.get("storage")), "?")
-    return [Finding(Check.CRD, Level.OK, CRD_NAME,
-                    f"installed; {VERSION} served, {storage} stored")]
+    return [
+        Finding(Check.CRD, Level.OK, CRD_NAME, f"installed; {VERSION} served, {storage} stored")
+    ]
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
         c.get("type") == "Ready" and c.get("status") == "True"
-        for c in _list(status.get("conditions")))
+        for c in _list(status.get("conditions"))
+    )
 
 
 def check_operator(snap: Snapshot) -> list[Finding]:
     if not snap.operator_pods:
-        return [Finding(Check.OPERATOR, Level.PROBLEM, OPERATOR_APP, "no operator pod found "
-                        f"(label app.kubernetes.io/name={OPERATOR_APP})", INSTALL)]
+        return [
+            Finding(
+                Check.OPERATOR,
+                Level.PROBLEM,
+                OPERATOR_APP,
+                f"no operator pod found (label app.kubernetes.io/name={OPERATOR_APP})",
+                INSTALL,
+            )
+        ]
     findings = []
     for pod in snap.operator_pods:
         meta = _meta(pod)
@@ -120,15 +142,24 @@ def check_operator(snap: Snapshot) -> list[Finding]:
             findings.append(Finding(Check.OPERATOR, Level.OK, name, "running and ready"))
             continue
         phase = (pod.get("status") or {}).get("phase", "Unknown")
-        findings.append(Finding(Check.OPERATOR, Level.PROBLEM, name,
-                                f"not ready (phase {phase})",
-                                f"kubectl -n {meta.get('namespace', '?')} describe pod "
-                                f"{meta.get('name', '?')}; kubectl logs it"))
+        findings.append(
+            Finding(
+                Check.OPERATOR,
+                Level.PROBLEM,
+                name,
+                f"not ready (phase {phase})",
+                f"kubectl -n {meta.get('namespace', '?')} describe pod "
+                f"{meta.get('name', '?')}; kubectl logs it",
+            )
+        )
     if any(f.level is Level.OK for f in findings):
         # One healthy replica runs every job; the others are standbys.
-        findings = [f if f.level is Level.OK else
-                    Finding(f.check, Level.WARNING, f.subject, f.message, f.action)
-                    for f in findings]
+        findings = [
+            f
+            if f.level is Level.OK
+            else Finding(f.check, Level.WARNING, f.subject, f.message, f.action)
+            for f in findings
+        ]
     return findings
 
 
@@ -146,60 +177,93 @@ def _pools(nodes: Sequence[Mapping[str, Any]]) -> list[_Pool]:
         node_labels = _str_map(_meta(node).get("labels"))
         accelerator = node_labels.get(labels.ACCELERATOR)
         if accelerator:
-            key = (node_labels.get(labels.NODEPOOL, "(no pool label)"), accelerator,
-                   node_labels.get(labels.TOPOLOGY, "?"))
+            key = (
+                node_labels.get(labels.NODEPOOL, "(no pool label)"),
+                accelerator,
+                node_labels.get(labels.TOPOLOGY, "?"),
+            )
             grouped[key].append(node)
     return [_Pool(p, a, t, tuple(n)) for (p, a, t), n in sorted(grouped.items())]
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in _list((node.get("status") or {}).get("conditions")))
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in _list((node.get("status") or {}).get("conditions"))
+    )
 
 
 def _tainted_by_us(node: Mapping[str, Any]) -> bool:
-    return any(t.get("key") == labels.BAD_NODE_TAINT
-               for t in _list((node.get("spec") or {}).get("taints")))
+    return any(
+        t.get("key") == labels.BAD_NODE_TAINT for t in _list((node.get("spec") or {}).get("taints"))
+    )
 
 
 def check_pools(snap: Snapshot) -> list[Finding]:
     pools = _pools(snap.nodes)
     if not pools:
-        return [Finding(Check.NODE_POOLS, Level.WARNING, "cluster", "no TPU node pools "
-                        f"(no node labelled {labels.ACCELERATOR})",
-                        "create a TPU node pool (gcloud container node-pools create "
-                        "--machine-type ct5lp-hightpu-4t --tpu-topology 4x4 ...)")]
-    busy_nodes = {str((p.get("spec") or {}).get("nodeName")) for p in snap.tpu_pods
-                  if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
+        return [
+            Finding(
+                Check.NODE_POOLS,
+                Level.WARNING,
+                "cluster",
+                f"no TPU node pools (no node labelled {labels.ACCELERATOR})",
+                "create a TPU node pool (gcloud container node-pools create "
+                "--machine-type ct5lp-hightpu-4t --tpu-topology 4x4 ...)",
+            )
+        ]
+    busy_nodes = {
+        str((p.get("spec") or {}).get("nodeName"))
+        for p in snap.tpu_pods
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    }
     findings = []
     for pool in pools:
         try:
             shape = topology.resolve(pool.accelerator, pool.topology)
         except topology.TopologyError as err:
-            findings.append(Finding(Check.NODE_POOLS, Level.WARNING, pool.name, str(err),
-                                    "jobs cannot target this pool's labels"))
+            findings.append(
+                Finding(
+                    Check.NODE_POOLS,
+                    Level.WARNING,
+                    pool.name,
+                    str(err),
+                    "jobs cannot target this pool's labels",
+                )
+            )
             continue
         names = sorted(str(_meta(n).get("name")) for n in pool.nodes)
         ready = sum(_node_ready(n) for n in pool.nodes)
         busy = sorted(n for n in names if n in busy_nodes)
         tainted = [n for n in pool.nodes if _tainted_by_us(n)]
-        summary = (f"{pool.accelerator} {pool.topology} ({shape.tpu_type}): "
-                   f"{len(names)}/{shape.hosts} hosts, {ready} Ready, "
-                   + (f"busy ({len(busy)} nodes run TPU pods)" if busy else "free"))
+        summary = (
+            f"{pool.accelerator} {pool.topology} ({shape.tpu_type}): "
+            f"{len(names)}/{shape.hosts} hosts, {ready} Ready, "
+            + (f"busy ({len(busy)} nodes run TPU pods)" if busy else "free")
+        )
         level, action = Level.OK, ""
         if len(names) < shape.hosts or ready < len(names):
-            level, action = Level.WARNING, "a slice needs every host Ready; check the " \
-                                           "nodes (kubectl describe node) or GKE repairs"
+            level, action = (
+                Level.WARNING,
+                "a slice needs every host Ready; check the "
+                "nodes (kubectl describe node) or GKE repairs",
+            )
         findings.append(Finding(Check.NODE_POOLS, level, pool.name, summary, action))
         for node in tainted:
             node_name = str(_meta(node).get("name"))
-            why = _str_map(_meta(node).get("annotations")).get(labels.BAD_NODE_REASON,
-                                                               "no reason recorded")
-            findings.append(Finding(
-                Check.NODE_POOLS, Level.WARNING, node_name,
-                f"tainted {labels.BAD_NODE_TAINT} by tpujob: {why}",
-                f"once repaired or replaced: kubectl taint nodes {node_name} "
-                f"{labels.BAD_NODE_TAINT}-"))
+            why = _str_map(_meta(node).get("annotations")).get(
+                labels.BAD_NODE_REASON, "no reason recorded"
+            )
+            findings.append(
+                Finding(
+                    Check.NODE_POOLS,
+                    Level.WARNING,
+                    node_name,
+                    f"tainted {labels.BAD_NODE_TAINT} by tpujob: {why}",
+                    f"once repaired or replaced: kubectl taint nodes {node_name} "
+                    f"{labels.BAD_NODE_TAINT}-",
+                )
+            )
     return findings
 
 
@@ -214,15 +278,26 @@ def check_pod_security(snap: Snapshot) -> list[Finding]:
             continue
         level = _str_map(_meta(ns).get("labels")).get(ENFORCE_LABEL)
         if level == "restricted":
-            findings.append(Finding(
-                Check.POD_SECURITY, Level.WARNING, name,
-                "Pod Security enforce=restricted: trainer pods are refused unless their "
-                "image runs as non-root and the job meets the restricted profile",
-                f"kubectl label --dry-run=server --overwrite ns {name} "
-                f"{ENFORCE_LABEL}=baseline, then apply it if nothing else breaks"))
+            findings.append(
+                Finding(
+                    Check.POD_SECURITY,
+                    Level.WARNING,
+                    name,
+                    "Pod Security enforce=restricted: trainer pods are refused unless their "
+                    "image runs as non-root and the job meets the restricted profile",
+                    f"kubectl label --dry-run=server --overwrite ns {name} "
+                    f"{ENFORCE_LABEL}=baseline, then apply it if nothing else breaks",
+                )
+            )
         else:
-            findings.append(Finding(Check.POD_SECURITY, Level.OK, name,
-                                    f"Pod Security enforce={level or 'unset (privileged)'}"))
+            findings.append(
+                Finding(
+                    Check.POD_SECURITY,
+                    Level.OK,
+                    name,
+                    f"Pod Security enforce={level or 'unset (privileged)'}",
+                )
+            )
     return findings
 
 
@@ -232,46 +307,83 @@ def _operator_said(jobs: Sequence[Mapping[str, Any]]) -> list[Finding]:
     for job in jobs:
         status = job.get("status")
         conditions = status.get("conditions") if isinstance(status, Mapping) else None
-        said = next((c for c in conditions if isinstance(c, Mapping)
-                     and c.get("type") == ConditionType.SHAPE_OFFERED), None) \
-            if isinstance(conditions, list) else None
+        said = (
+            next(
+                (
+                    c
+                    for c in conditions
+                    if isinstance(c, Mapping) and c.get("type") == ConditionType.SHAPE_OFFERED
+                ),
+                None,
+            )
+            if isinstance(conditions, list)
+            else None
+        )
         if said is None:
             continue
         meta = _meta(job)
         offered = said.get("status") == ConditionStatus.TRUE
-        findings.append(Finding(
-            Check.CATALOGUE, Level.OK if offered else Level.WARNING,
-            f"job {meta.get('namespace')}/{meta.get('name')}",
-            f"{said.get('message') or ''} (the operator's catalogue)",
-            "" if offered else "choose a zone that offers it, or another shape"))
+        findings.append(
+            Finding(
+                Check.CATALOGUE,
+                Level.OK if offered else Level.WARNING,
+                f"job {meta.get('namespace')}/{meta.get('name')}",
+                f"{said.get('message') or ''} (the operator's catalogue)",
+                "" if offered else "choose a zone that offers it, or another shape",
+            )
+        )
     return findings
 
 
 def check_catalogue(snap: Snapshot) -> list[Finding]:
     if snap.catalogue is None:
         return _operator_said(snap.jobs) or [
-            Finding(Check.CATALOGUE, Level.INFO, "zones", "no zone catalogue configured",
-                    "pass --project and --zones to check shapes against the Cloud TPU "
-                    "catalogue, or give the operator one (chart values catalogue.*)")]
-    findings = [Finding(Check.CATALOGUE, Level.INFO, zone, f"unreadable ({detail})",
-                        "grant tpu.acceleratorTypes.list or check the zone name")
-                for zone, (_, detail) in sorted(snap.catalogue.problems.items())]
+            Finding(
+                Check.CATALOGUE,
+                Level.INFO,
+                "zones",
+                "no zone catalogue configured",
+                "pass --project and --zones to check shapes against the Cloud TPU "
+                "catalogue, or give the operator one (chart values catalogue.*)",
+            )
+        ]
+    findings = [
+        Finding(
+            Check.CATALOGUE,
+            Level.INFO,
+            zone,
+            f"unreadable ({detail})",
+            "grant tpu.acceleratorTypes.list or check the zone name",
+        )
+        for zone, (_, detail) in sorted(snap.catalogue.problems.items())
+    ]
     shapes: dict[tuple[str, str], list[str]] = defaultdict(list)
     for job in snap.jobs:
         tpu = (job.get("spec") or {}).get("tpu") or {}
         meta = _meta(job)
         shapes[(str(tpu.get("accelerator")), str(tpu.get("topology")))].append(
-            f"job {meta.get('namespace')}/{meta.get('name')}")
+            f"job {meta.get('namespace')}/{meta.get('name')}"
+        )
     for pool in _pools(snap.nodes):
         shapes[(pool.accelerator, pool.topology)].append(f"pool {pool.name}")
-    levels = {FindingLevel.OK: Level.OK, FindingLevel.INFO: Level.INFO,
-              FindingLevel.WARNING: Level.WARNING}
+    levels = {
+        FindingLevel.OK: Level.OK,
+        FindingLevel.INFO: Level.INFO,
+        FindingLevel.WARNING: Level.WARNING,
+    }
     for (accelerator, topo), users in sorted(shapes.items()):
         result = check_shape(snap.catalogue, accelerator, topo)
-        findings.append(Finding(Check.CATALOGUE, levels[result.level], ", ".join(users),
-                                result.message,
-                                "choose a zone that offers it, or another shape"
-                                if result.level is FindingLevel.WARNING else ""))
+        findings.append(
+            Finding(
+                Check.CATALOGUE,
+                levels[result.level],
+                ", ".join(users),
+                result.message,
+                "choose a zone that offers it, or another shape"
+                if result.level is FindingLevel.WARNING
+                else "",
+            )
+        )
     return findings
 
 
@@ -289,9 +401,15 @@ def examine(snap: Snapshot) -> tuple[Finding, ...]:
     findings: list[Finding] = []
     for check, run in CHECKS:
         if check in snap.unreadable:
-            findings.append(Finding(check, Level.PROBLEM, str(check),
-                                    f"could not read: {snap.unreadable[check]}",
-                                    "check the kubeconfig and RBAC (kubectl auth can-i)"))
+            findings.append(
+                Finding(
+                    check,
+                    Level.PROBLEM,
+                    str(check),
+                    f"could not read: {snap.unreadable[check]}",
+                    "check the kubeconfig and RBAC (kubectl auth can-i)",
+                )
+            )
             continue
         findings += run(snap)
     return tuple(findings)

@@ -33,18 +33,24 @@ STYLE = {Level.OK: "green", Level.INFO: "cyan", Level.WARNING: "yellow", Level.P
 
 def register(subparsers: Any) -> None:
     doctor = subparsers.add_parser(
-        "doctor", help="check that the cluster can run TPU training jobs; say what to fix")
+        "doctor", help="check that the cluster can run TPU training jobs; say what to fix"
+    )
     doctor.add_argument("--kubeconfig", default=None)
     doctor.add_argument("--json", action="store_true", help="findings as a JSON list")
-    doctor.add_argument("--project", default=None,
-                        help="Google Cloud project whose zone catalogue to check shapes against")
-    doctor.add_argument("--zones", default="",
-                        help="comma-separated zones of the cluster's TPU node pools")
+    doctor.add_argument(
+        "--project",
+        default=None,
+        help="Google Cloud project whose zone catalogue to check shapes against",
+    )
+    doctor.add_argument(
+        "--zones", default="", help="comma-separated zones of the cluster's TPU node pools"
+    )
     doctor.set_defaults(handler=_doctor)
 
 
-def _read(unreadable: dict[Check, str], check: Check, read: Callable[[], Any],
-          missing: Any = None) -> Any:
+def _read(
+    unreadable: dict[Check, str], check: Check, read: Callable[[], Any], missing: Any = None
+) -> Any:
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -70,19 +76,56 @@ def snapshot(kubeconfig: str | None, catalogue: Catalogue | None) -> Snapshot:
     raw = api.sanitize_for_serialization
     bad: dict[Check, str] = {}
     crd = _read(bad, Check.CRD, lambda: raw(ext.read_custom_resource_definition(CRD_NAME)))
-    operator = _read(bad, Check.OPERATOR, lambda: raw(core.list_pod_for_all_namespaces(
-        label_selector=f"app.kubernetes.io/name={OPERATOR_APP}").items), [])
+    operator = _read(
+        bad,
+        Check.OPERATOR,
+        lambda: raw(
+            core.list_pod_for_all_namespaces(
+                label_selector=f"app.kubernetes.io/name={OPERATOR_APP}"
+            ).items
+        ),
+        [],
+    )
     nodes = _read(bad, Check.NODE_POOLS, lambda: raw(core.list_node().items), [])
-    pods = _read(bad, Check.NODE_POOLS, lambda: raw(core.list_pod_for_all_namespaces(
-        field_selector="status.phase!=Succeeded,status.phase!=Failed").items), [])
+    pods = _read(
+        bad,
+        Check.NODE_POOLS,
+        lambda: raw(
+            core.list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed"
+            ).items
+        ),
+        [],
+    )
     namespaces = _read(bad, Check.POD_SECURITY, lambda: raw(core.list_namespace().items), [])
-    jobs = _read(bad, Check.POD_SECURITY, lambda: custom.list_cluster_custom_object(
-        GROUP, VERSION, PLURAL)["items"], []) if crd else []
-    tpu_pods = [p for p in pods if any(
-        TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
-        for c in (p.get("spec") or {}).get("containers") or [])]
-    return Snapshot(crd=crd, operator_pods=operator, nodes=nodes, tpu_pods=tpu_pods,
-                    namespaces=namespaces, jobs=jobs, catalogue=catalogue, unreadable=bad)
+    jobs = (
+        _read(
+            bad,
+            Check.POD_SECURITY,
+            lambda: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"],
+            [],
+        )
+        if crd
+        else []
+    )
+    tpu_pods = [
+        p
+        for p in pods
+        if any(
+            TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
+            for c in (p.get("spec") or {}).get("containers") or []
+        )
+    ]
+    return Snapshot(
+        crd=crd,
+        operator_pods=operator,
+        nodes=nodes,
+        tpu_pods=tpu_pods,
+        namespaces=namespaces,
+        jobs=jobs,
+        catalogue=catalogue,
+        unreadable=bad,
+    )
 
 
 def _catalogue(project: str | None, zones: str) -> Catalogue | None:

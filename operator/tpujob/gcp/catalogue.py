@@ -86,10 +86,16 @@ def zones_offering(catalogue: Catalogue, accelerator: str, topo: str) -> tuple[s
     if name is None or not catalogue.usable:
         return None
     wanted = (name.generation, name.topology)
-    return tuple(sorted(
-        zone for zone, offers in catalogue.offers.items()
-        if any(wanted in o.configs or (not o.configs and o.type_name == name.type_name)
-               for o in offers)))
+    return tuple(
+        sorted(
+            zone
+            for zone, offers in catalogue.offers.items()
+            if any(
+                wanted in o.configs or (not o.configs and o.type_name == name.type_name)
+                for o in offers
+            )
+        )
+    )
 
 
 class FindingLevel(StrEnum):
@@ -110,22 +116,27 @@ def check_shape(catalogue: Catalogue | None, accelerator: str, topo: str) -> Sha
         return ShapeCheck(FindingLevel.INFO, "no zone catalogue configured")
     name = catalogue_name(accelerator, topo)
     if name is None:
-        return ShapeCheck(FindingLevel.INFO, f"{accelerator} {topo} has no Cloud TPU "
-                                             "catalogue name; not checked")
+        return ShapeCheck(
+            FindingLevel.INFO, f"{accelerator} {topo} has no Cloud TPU catalogue name; not checked"
+        )
     zones = zones_offering(catalogue, accelerator, topo)
     if zones is None:
         return ShapeCheck(FindingLevel.INFO, "the zone catalogue could not be read; not checked")
     if zones:
-        return ShapeCheck(FindingLevel.OK, f"{name.type_name} ({topo}) is offered in "
-                                           f"{', '.join(zones)}")
+        return ShapeCheck(
+            FindingLevel.OK, f"{name.type_name} ({topo}) is offered in {', '.join(zones)}"
+        )
     checked = ", ".join(sorted(catalogue.offers))
-    return ShapeCheck(FindingLevel.WARNING,
-                      f"{name.type_name} ({accelerator} {topo}) is offered in none of the "
-                      f"zones {checked}; a pool for it may not be creatable there")
+    return ShapeCheck(
+        FindingLevel.WARNING,
+        f"{name.type_name} ({accelerator} {topo}) is offered in none of the "
+        f"zones {checked}; a pool for it may not be creatable there",
+    )
 
 
-def pool_advice(catalogue: Catalogue | None, accelerator: str, topo: str, *,
-                limit: int = 3) -> str | None:
+def pool_advice(
+    catalogue: Catalogue | None, accelerator: str, topo: str, *, limit: int = 3
+) -> str | None:
     """Advice for a hard failure that found no free pool of the job's shape, or None."""
     if catalogue is None:
         return None
@@ -133,7 +144,7 @@ def pool_advice(catalogue: Catalogue | None, accelerator: str, topo: str, *,
     zones = zones_offering(catalogue, accelerator, topo)
     if name is None or not zones:
         return None
-    shown = ", ".join(zones[:limit]) + (f" (and {len(zones) - limit} more)"
-                                        if len(zones) > limit else "")
-    return f"no free {accelerator} {topo} pool is left: create a {name.type_name} pool " \
-           f"in {shown}"
+    shown = ", ".join(zones[:limit]) + (
+        f" (and {len(zones) - limit} more)" if len(zones) > limit else ""
+    )
+    return f"no free {accelerator} {topo} pool is left: create a {name.type_name} pool in {shown}"

@@ -46,7 +46,8 @@ def make_client(config: CatalogueConfig) -> Any:
         from google.cloud import tpu_v2
     except ImportError as err:
         raise CatalogueUnavailableError(
-            "google-cloud-tpu is not installed; install tpujob[gcp]") from err
+            "google-cloud-tpu is not installed; install tpujob[gcp]"
+        ) from err
     options = ClientOptions(api_endpoint=config.api_endpoint) if config.api_endpoint else None
     credentials = AnonymousCredentials() if config.anonymous else None  # type: ignore[no-untyped-call]
     return tpu_v2.TpuClient(transport="rest", client_options=options, credentials=credentials)
@@ -55,7 +56,9 @@ def make_client(config: CatalogueConfig) -> Any:
 def _offer(raw: Any) -> Offer:
     configs = frozenset(
         (str(getattr(c.type_, "name", c.type_)), str(c.topology))
-        for c in raw.accelerator_configs if c.topology)
+        for c in raw.accelerator_configs
+        if c.topology
+    )
     return Offer(type_name=str(raw.type_), configs=configs)
 
 
@@ -67,13 +70,15 @@ def _problem(err: Exception) -> tuple[ZoneProblem, str]:
     if isinstance(err, gexc.NotFound):
         return ZoneProblem.NOT_FOUND, f"not found: {err.message}"
     if isinstance(err, gexc.GoogleAPICallError) and not isinstance(
-            err, gexc.ServerError | gexc.TooManyRequests):
+        err, gexc.ServerError | gexc.TooManyRequests
+    ):
         return ZoneProblem.BAD_ANSWER, f"{type(err).__name__}: {err.message}"
     return ZoneProblem.UNREACHABLE, f"{type(err).__name__}: {str(err)[:200]}"
 
 
-def read_catalogue(config: CatalogueConfig, *,
-                   client_factory: Callable[[CatalogueConfig], Any] = make_client) -> Catalogue:
+def read_catalogue(
+    config: CatalogueConfig, *, client_factory: Callable[[CatalogueConfig], Any] = make_client
+) -> Catalogue:
     """Every zone's offers (all pages); a zone that fails is listed with its problem."""
     client = client_factory(config)
     offers: dict[str, tuple[Offer, ...]] = {}
@@ -81,8 +86,9 @@ def read_catalogue(config: CatalogueConfig, *,
     for zone in config.zones:
         parent = f"projects/{config.project}/locations/{zone}"
         try:
-            pager = client.list_accelerator_types(parent=parent, retry=None,
-                                                  timeout=config.timeout_seconds)
+            pager = client.list_accelerator_types(
+                parent=parent, retry=None, timeout=config.timeout_seconds
+            )
             offers[zone] = tuple(_offer(item) for item in pager)
         except Exception as err:  # every failure of one zone is that zone's problem
             problems[zone] = _problem(err)
@@ -106,8 +112,10 @@ class CatalogueSource:
             self._tell("install", f"zone catalogue off: {err}")
             return self.catalogue
         for zone, (problem, detail) in sorted(fresh.problems.items()):
-            self._tell(f"{zone}:{problem}", f"zone catalogue: {zone} unreadable ({detail}); "
-                                            "going on without it")
+            self._tell(
+                f"{zone}:{problem}",
+                f"zone catalogue: {zone} unreadable ({detail}); going on without it",
+            )
         if fresh.usable or self.catalogue is None:
             self.catalogue = fresh
         return self.catalogue

@@ -35,12 +35,28 @@ class Writer:
     def write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Replace the status subresource; ConflictError if the job changed since it was read."""
         meta = body["metadata"]
-        new = {"apiVersion": body["apiVersion"], "kind": body["kind"],
-               "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                            "resourceVersion": meta["resourceVersion"]},
-               "spec": body.get("spec", {}), "status": status}
-        return dict(call(self.custom.replace_namespaced_custom_object_status, GROUP, VERSION,
-                         meta["namespace"], PLURAL, meta["name"], new))
+        new = {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "spec": body.get("spec", {}),
+            "status": status,
+        }
+        return dict(
+            call(
+                self.custom.replace_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                new,
+            )
+        )
 
     def _creator(self, kind: str) -> Callable[[str, dict[str, Any]], Any]:
         creators: dict[str, Callable[[str, dict[str, Any]], Any]] = {
@@ -88,15 +104,19 @@ class Writer:
         try:
             current = call(self.coordination.read_namespaced_lease, name, namespace)
         except NotFoundError:
-            body = {**lease, "metadata": {**meta, "annotations": {
-                **(meta.get("annotations") or {}), **token}}}
+            body = {
+                **lease,
+                "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **token}},
+            }
             call(self.coordination.create_namespaced_lease, namespace, body)
             return
         notes = current.metadata.annotations or {}
         held = notes.get(contract.LEASE_FENCE_ANNOTATION, "")
         theirs = {r.uid for r in current.metadata.owner_references or []}
-        patch: dict[str, Any] = {"annotations": token,
-                                 "resourceVersion": current.metadata.resource_version}
+        patch: dict[str, Any] = {
+            "annotations": token,
+            "resourceVersion": current.metadata.resource_version,
+        }
         if not ours & theirs:
             # A Lease left by an earlier job of the same name, not yet garbage-collected (or
             # orphaned): its token counts that job's attempts and its heartbeat that job's
@@ -112,12 +132,19 @@ class Writer:
                 return
             patch["annotations"] = named
         # The resourceVersion makes a concurrent fence from another replica a Conflict.
-        call(self.coordination.patch_namespaced_lease, name, namespace, {"metadata": patch},
-             _content_type=MERGE_PATCH)
+        call(
+            self.coordination.patch_namespaced_lease,
+            name,
+            namespace,
+            {"metadata": patch},
+            _content_type=MERGE_PATCH,
+        )
 
     def delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
-        options = client.V1DeleteOptions(grace_period_seconds=deletion.grace_seconds,
-                                         preconditions=client.V1Preconditions(uid=deletion.uid))
+        options = client.V1DeleteOptions(
+            grace_period_seconds=deletion.grace_seconds,
+            preconditions=client.V1Preconditions(uid=deletion.uid),
+        )
         # Gone already, or a new pod took the name: nothing to do either way.
         with contextlib.suppress(NotFoundError, ConflictError):
             call(self.core.delete_namespaced_pod, deletion.name, namespace, body=options)
@@ -125,14 +152,22 @@ class Writer:
     def rejoin_pod(self, namespace: str, rejoin: PodRejoin) -> None:
         """Move a kept pod to the new attempt: its attempt label, and the rejoin order its
         trainer's supervisor reads through the pod's downward-API volume."""
-        patch = {"metadata": {
-            "uid": rejoin.uid,  # a pod made since under the name is not this one: Conflict
-            "labels": {labels.ATTEMPT: str(rejoin.attempt)},
-            "annotations": {contract.POD_REJOIN_ANNOTATION: rejoin.order}}}
+        patch = {
+            "metadata": {
+                "uid": rejoin.uid,  # a pod made since under the name is not this one: Conflict
+                "labels": {labels.ATTEMPT: str(rejoin.attempt)},
+                "annotations": {contract.POD_REJOIN_ANNOTATION: rejoin.order},
+            }
+        }
         # Gone, or another pod by now: the next reconcile sees it missing or ended.
         with contextlib.suppress(NotFoundError, ConflictError):
-            call(self.core.patch_namespaced_pod, rejoin.name, namespace, patch,
-                 _content_type=MERGE_PATCH)
+            call(
+                self.core.patch_namespaced_pod,
+                rejoin.name,
+                namespace,
+                patch,
+                _content_type=MERGE_PATCH,
+            )
 
     def mark_node(self, mark: NodeMark, job: str) -> None:
         if mark.action is BadNodeAction.NONE:
@@ -141,18 +176,20 @@ class Writer:
             node = call(self.core.read_node, mark.node)
         except NotFoundError:
             return  # the node was deleted: nothing left to mark, and other marks still follow
-        patch: dict[str, Any] = {"metadata": {"annotations": {labels.BAD_NODE_REASON:
-                                                              mark.reason[:256]}}}
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {labels.BAD_NODE_REASON: mark.reason[:256]}}
+        }
         if mark.action is BadNodeAction.CORDON:
             patch["spec"] = {"unschedulable": True}
         else:
-            taints = [{"key": t.key, "value": t.value, "effect": t.effect}
-                      for t in (node.spec.taints or [])]
+            taints = [
+                {"key": t.key, "value": t.value, "effect": t.effect}
+                for t in (node.spec.taints or [])
+            ]
             taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
             if any(t.get("key") == labels.BAD_NODE_TAINT for t in taints):
                 return
-            taints.append({"key": labels.BAD_NODE_TAINT, "value": job[:63],
-                           "effect": "NoSchedule"})
+            taints.append({"key": labels.BAD_NODE_TAINT, "value": job[:63], "effect": "NoSchedule"})
             patch["spec"] = {"taints": taints}
         with contextlib.suppress(NotFoundError):
             call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
@@ -164,13 +201,21 @@ class Writer:
         now = spec.at or dt.datetime.now(dt.UTC)
         event = {
             "metadata": {"name": event_name(meta, spec), "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"],
-                               "name": meta["name"], "namespace": meta["namespace"],
-                               "uid": meta.get("uid")},
-            "type": spec.type, "reason": spec.reason,
+            "involvedObject": {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": spec.type,
+            "reason": spec.reason,
             "message": spec.message[:EVENT_MESSAGE_LIMIT],
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
         }
         # Already told (a name that exists), or lost: the status holds the facts either way.
         try:
@@ -179,39 +224,74 @@ class Writer:
             return False
         return True
 
-    def bind_cluster_role(self, namespace: str, name: str, role: str, account: str,
-                          account_namespace: str) -> None:
+    def bind_cluster_role(
+        self, namespace: str, name: str, role: str, account: str, account_namespace: str
+    ) -> None:
         """Bind ClusterRole `role` to a ServiceAccount in `namespace` (no-op when bound)."""
         binding = {
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {labels.MANAGED_BY: labels.MANAGER}},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": account,
-                          "namespace": account_namespace}]}
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {labels.MANAGED_BY: labels.MANAGER},
+            },
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": account, "namespace": account_namespace}
+            ],
+        }
         with contextlib.suppress(ConflictError):
             call(self.rbac.create_namespaced_role_binding, namespace, binding)
 
     def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:
         """Replace a ConfigMap's data, creating the ConfigMap the first time."""
         try:
-            call(self.core.patch_namespaced_config_map, name, namespace, {"data": data},
-                 _content_type=MERGE_PATCH)
+            call(
+                self.core.patch_namespaced_config_map,
+                name,
+                namespace,
+                {"data": data},
+                _content_type=MERGE_PATCH,
+            )
         except NotFoundError:
-            call(self.core.create_namespaced_config_map, namespace, {
-                "metadata": {"name": name, "namespace": namespace,
-                             "labels": {labels.MANAGED_BY: labels.MANAGER}},
-                "data": data})
+            call(
+                self.core.create_namespaced_config_map,
+                namespace,
+                {
+                    "metadata": {
+                        "name": name,
+                        "namespace": namespace,
+                        "labels": {labels.MANAGED_BY: labels.MANAGER},
+                    },
+                    "data": data,
+                },
+            )
 
     def delete_job(self, body: Mapping[str, Any]) -> None:
         meta = body["metadata"]
         with contextlib.suppress(NotFoundError):
-            call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, meta["namespace"],
-                 PLURAL, meta["name"])
+            call(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+            )
 
 
 def event_name(meta: Mapping[str, Any], spec: EventSpec) -> str:
     """`<job>.<digest>` of the job's uid and the Event's content and decision time."""
-    key = "\x00".join((str(meta.get("uid", "")), spec.type, spec.reason, spec.message,
-                       spec.at.isoformat() if spec.at else ""))
+    key = "\x00".join(
+        (
+            str(meta.get("uid", "")),
+            spec.type,
+            spec.reason,
+            spec.message,
+            spec.at.isoformat() if spec.at else "",
+        )
+    )
     return f"{meta['name']}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"

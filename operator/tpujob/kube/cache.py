@@ -42,8 +42,7 @@ def job_key(namespace: str | None, job: str | None) -> JobKey | None:
 def pod_record(raw: Mapping[str, Any]) -> PodRecord:
     """Termination messages end up in the status and Events: redacted here, once."""
     refs = (raw.get("metadata") or {}).get("ownerReferences") or []
-    owners = frozenset(str(r.get("uid")) for r in refs if isinstance(r, Mapping) and
-                       r.get("uid"))
+    owners = frozenset(str(r.get("uid")) for r in refs if isinstance(r, Mapping) and r.get("uid"))
     view = pod_view(raw)
     return PodRecord(owners=owners, view=replace(view, message=redact(view.message)))
 
@@ -190,8 +189,7 @@ class CachedView:
         pools cost a set, not a look at each one's holders)."""
         me = (namespace, job)
         mine = {r.view.node_pool for r in self.pods.get(me, ()) if r.view.node_pool}
-        alone = {pool for pool in mine
-                 if all(holder == me for holder in self.pools.get(pool, ()))}
+        alone = {pool for pool in mine if all(holder == me for holder in self.pools.get(pool, ()))}
         return frozenset(str(pool) for pool in self.pools) - alone
 
     def pool_holders(self, pool: str) -> frozenset[JobKey]:

@@ -9,9 +9,11 @@ from typing import Any
 from kubernetes import client, config
 
 
-def api_client(kubeconfig: str | None = None,
-               on_request: Callable[[str], None] | None = None,
-               connections: int | None = None) -> client.ApiClient:
+def api_client(
+    kubeconfig: str | None = None,
+    on_request: Callable[[str], None] | None = None,
+    connections: int | None = None,
+) -> client.ApiClient:
     """In a pod: the ServiceAccount; otherwise `kubeconfig` or $KUBECONFIG.
 
     `on_request` is told the HTTP verb of every request sent (the operator counts them).
@@ -20,8 +22,11 @@ def api_client(kubeconfig: str | None = None,
     throws it away (the client's default is five per CPU).
     """
     cfg = client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and \
-            not os.environ.get("KUBECONFIG"):
+    if (
+        kubeconfig is None
+        and os.environ.get("KUBERNETES_SERVICE_HOST")
+        and not os.environ.get("KUBECONFIG")
+    ):
         config.load_incluster_config(client_configuration=cfg)
     else:
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)

@@ -54,7 +54,11 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {
-    404: NotFoundError, 409: ConflictError, 403: ForbiddenError, 422: InvalidError}
+    404: NotFoundError,
+    409: ConflictError,
+    403: ForbiddenError,
+    422: InvalidError,
+}
 
 
 def translate(err: ApiException) -> KubeError:

@@ -58,14 +58,21 @@ class Reader:
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return dict(call(self.custom.get_namespaced_custom_object, GROUP, VERSION,
-                             namespace, PLURAL, name))
+            return dict(
+                call(
+                    self.custom.get_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                )
+            )
         except NotFoundError:
             return None
 
     def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
-        found = call(self.core.list_namespaced_pod, namespace,
-                     label_selector=f"{labels.JOB}={job}")
+        found = call(self.core.list_namespaced_pod, namespace, label_selector=f"{labels.JOB}={job}")
         return [pod_record(self.raw(p)) for p in found.items]
 
     def node_views(self) -> dict[str, NodeView]:
@@ -74,15 +81,17 @@ class Reader:
 
     def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None:
         try:
-            return heartbeat_view(self.raw(call(self.coordination.read_namespaced_lease, lease,
-                                                namespace)))
+            return heartbeat_view(
+                self.raw(call(self.coordination.read_namespaced_lease, lease, namespace))
+            )
         except NotFoundError:
             return None
 
     def _held(self) -> list[tuple[str, tuple[str, str]]]:
         found = call(self.core.list_pod_for_all_namespaces, label_selector=labels.JOB)
-        return [(str(pool), key) for p in found.items
-                for pool, key in pod_by_pool(self.raw(p)).items()]
+        return [
+            (str(pool), key) for p in found.items for pool, key in pod_by_pool(self.raw(p)).items()
+        ]
 
     def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
         """Node pools holding live pods of other TPU jobs."""
@@ -107,8 +116,13 @@ class Reader:
         """The pod's last lines, secrets redacted: they are copied into the job's status and
         Events, which more people can read than the pod's logs."""
         try:
-            return redact(str(call(self.core.read_namespaced_pod_log, pod, namespace,
-                                   tail_lines=LOG_TAIL_LINES)))
+            return redact(
+                str(
+                    call(
+                        self.core.read_namespaced_pod_log, pod, namespace, tail_lines=LOG_TAIL_LINES
+                    )
+                )
+            )
         except KubeError:
             return ""  # logs are evidence, never a reason to fail a reconcile
 
@@ -129,12 +143,19 @@ def observe(reads: ClusterReads, body: Mapping[str, Any]) -> Observed:
     tails (`tails_to_read` says which; reading them is network I/O)."""
     job: TPUTrainingJob = parse_job(body)
     uid = str((body.get("metadata") or {}).get("uid") or "")
-    pods = tuple(sorted((r.view for r in reads.pod_records(job.namespace, job.name)
-                         if uid and uid in r.owners), key=lambda p: p.name))
+    pods = tuple(
+        sorted(
+            (r.view for r in reads.pod_records(job.namespace, job.name) if uid and uid in r.owners),
+            key=lambda p: p.name,
+        )
+    )
     return Observed(
-        job=job, pods=pods, nodes=reads.node_views(),
+        job=job,
+        pods=pods,
+        nodes=reads.node_views(),
         heartbeat=reads.heartbeat(job.namespace, manifests.lease_name(job)),
-        busy_pools=reads.busy_pools(job.namespace, job.name))
+        busy_pools=reads.busy_pools(job.namespace, job.name),
+    )
 
 
 def tails_to_read(observed: Observed) -> list[tuple[str, str]]:

@@ -17,18 +17,30 @@ def register(subparsers: Any) -> None:
     sub = local.add_subparsers(dest="local_command", required=True, metavar="ACTION")
 
     def with_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--state-dir", type=Path, default=controlplane.default_state_dir(),
-                       help="where the cluster keeps its state (default: %(default)s)")
+        p.add_argument(
+            "--state-dir",
+            type=Path,
+            default=controlplane.default_state_dir(),
+            help="where the cluster keeps its state (default: %(default)s)",
+        )
         return p
 
     up = with_dir(sub.add_parser("up", help="start the cluster (no-op if it runs)"))
     up.add_argument("--pools", type=int, default=3, help="TPU node pools, one slice each")
     up.add_argument("--accelerator", default="tpu-v5-lite-podslice")
     up.add_argument("--topology", default="4x4")
-    up.add_argument("--spare-nodes", type=int, default=1,
-                    help="plain CPU nodes for everything that is not a TPU workload")
-    up.add_argument("--apiserver-port", type=int, default=None,
-                    help="port for kube-apiserver on 127.0.0.1 (default: a free one)")
+    up.add_argument(
+        "--spare-nodes",
+        type=int,
+        default=1,
+        help="plain CPU nodes for everything that is not a TPU workload",
+    )
+    up.add_argument(
+        "--apiserver-port",
+        type=int,
+        default=None,
+        help="port for kube-apiserver on 127.0.0.1 (default: a free one)",
+    )
     up.set_defaults(handler=_up)
 
     down = with_dir(sub.add_parser("down", help="stop every process the cluster started"))
@@ -50,19 +62,23 @@ def register(subparsers: Any) -> None:
     kill.add_argument("-n", "--namespace", default=None)
     kill.add_argument("--signal", default="KILL", help="signal name (default: KILL)")
     kill.set_defaults(handler=_kill)
-    for name, text in (("node-down", "stop a node's heartbeats and kill its pods"),
-                       ("node-up", "bring a node back (ends kubelet-stop and not-ready too)"),
-                       ("kubelet-stop", "silence a node's kubelet; its containers run on"),
-                       ("not-ready", "the node's kubelet reports Ready=False; pods run on"),
-                       ("ready", "the node's kubelet reports Ready=True again"),
-                       ("tpu-unhealthy", "report the node's TPU chips unhealthy"),
-                       ("tpu-healthy", "report the node's TPU chips healthy again"),
-                       ("maintenance", "set GKE's maintenance taint and label")):
+    for name, text in (
+        ("node-down", "stop a node's heartbeats and kill its pods"),
+        ("node-up", "bring a node back (ends kubelet-stop and not-ready too)"),
+        ("kubelet-stop", "silence a node's kubelet; its containers run on"),
+        ("not-ready", "the node's kubelet reports Ready=False; pods run on"),
+        ("ready", "the node's kubelet reports Ready=True again"),
+        ("tpu-unhealthy", "report the node's TPU chips unhealthy"),
+        ("tpu-healthy", "report the node's TPU chips healthy again"),
+        ("maintenance", "set GKE's maintenance taint and label"),
+    ):
         p = with_dir(fsub.add_parser(name, help=text))
         p.add_argument("node")
         p.set_defaults(handler=_node_fault, fault_name=name)
-    for name, text in (("partition", "cut a pod's network; its process lives on"),
-                       ("heal", "restore a partitioned pod's network")):
+    for name, text in (
+        ("partition", "cut a pod's network; its process lives on"),
+        ("heal", "restore a partitioned pod's network"),
+    ):
         p = with_dir(fsub.add_parser(name, help=text))
         p.add_argument("pod")
         p.add_argument("-n", "--namespace", default=None)
@@ -76,6 +92,7 @@ def _guard(fn: Any) -> Any:
         except ComponentError as err:
             print(f"tpujob local: {err}", file=sys.stderr)
             return 1
+
     return run
 
 
@@ -112,8 +129,9 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     from kubernetes import client, config
 
-    core = client.CoreV1Api(config.new_client_from_config(str(Path(state.state_dir) /
-                                                              "kubeconfig")))
+    core = client.CoreV1Api(
+        config.new_client_from_config(str(Path(state.state_dir) / "kubeconfig"))
+    )
     print(f"  {'NODE':<22} {'READY':<8} {'TPU':<5} {'POOL':<12} TAINTS")
     for node in core.list_node().items:
         ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "?")
@@ -156,12 +174,15 @@ def _node_fault(args: argparse.Namespace) -> int:
     if args.fault_name == "maintenance":
         faults.maintenance(state_dir, args.node)
     else:
-        changes = {"node-down": {"down": True},
-                   "node-up": {"down": False, "kubelet_stopped": False, "not_ready": False},
-                   "kubelet-stop": {"kubelet_stopped": True},
-                   "not-ready": {"not_ready": True}, "ready": {"not_ready": False},
-                   "tpu-unhealthy": {"tpu_unhealthy": True},
-                   "tpu-healthy": {"tpu_unhealthy": False}}[args.fault_name]
+        changes = {
+            "node-down": {"down": True},
+            "node-up": {"down": False, "kubelet_stopped": False, "not_ready": False},
+            "kubelet-stop": {"kubelet_stopped": True},
+            "not-ready": {"not_ready": True},
+            "ready": {"not_ready": False},
+            "tpu-unhealthy": {"tpu_unhealthy": True},
+            "tpu-healthy": {"tpu_unhealthy": False},
+        }[args.fault_name]
         faults.set_node_fault(state_dir, args.node, **changes)
     print(f"{args.fault_name}: {args.node}")
     return 0

@@ -59,8 +59,10 @@ class ClusterState:
 
     def save(self) -> None:
         data = {
-            "state_dir": self.state_dir, "apiserver_port": self.apiserver_port,
-            "etcd_port": self.etcd_port, "pools": asdict(self.pools),
+            "state_dir": self.state_dir,
+            "apiserver_port": self.apiserver_port,
+            "etcd_port": self.etcd_port,
+            "pools": asdict(self.pools),
             "network": asdict(self.network),
             "components": [c.to_json() for c in self.components],
         }
@@ -76,8 +78,10 @@ class ClusterState:
             return None
         data = json.loads(path.read_text())
         return ClusterState(
-            state_dir=str(data["state_dir"]), apiserver_port=int(data["apiserver_port"]),
-            etcd_port=int(data["etcd_port"]), pools=PoolOptions(**data["pools"]),
+            state_dir=str(data["state_dir"]),
+            apiserver_port=int(data["apiserver_port"]),
+            etcd_port=int(data["etcd_port"]),
+            pools=PoolOptions(**data["pools"]),
             network=network.ClusterNetwork(**data["network"]),
             components=[Running.from_json(c) for c in data["components"]],
         )
@@ -114,8 +118,9 @@ def locked(state_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _tls_context(pki_dir: Path, *, client: pki.Identity | None = pki.ADMIN,
-                 verify: bool = True) -> ssl.SSLContext:
+def _tls_context(
+    pki_dir: Path, *, client: pki.Identity | None = pki.ADMIN, verify: bool = True
+) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
     if not verify:
         ctx.check_hostname = False
@@ -144,8 +149,10 @@ def _wait_healthy(comp: Running, url: str, ctx: ssl.SSLContext | None, timeout: 
         if _healthy(url, ctx):
             return
         time.sleep(0.3)
-    raise ComponentError(f"{comp.name} not healthy after {timeout:.0f}s: "
-                         f"{processes.last_line(comp.log)} (log: {comp.log})")
+    raise ComponentError(
+        f"{comp.name} not healthy after {timeout:.0f}s: "
+        f"{processes.last_line(comp.log)} (log: {comp.log})"
+    )
 
 
 def _take_port(requested: int | None, what: str) -> int:
@@ -156,8 +163,13 @@ def _take_port(requested: int | None, what: str) -> int:
     return requested
 
 
-def up(state_dir: Path, pools: PoolOptions, *, apiserver_port: int | None = None,
-       out: object = sys.stdout) -> ClusterState:
+def up(
+    state_dir: Path,
+    pools: PoolOptions,
+    *,
+    apiserver_port: int | None = None,
+    out: object = sys.stdout,
+) -> ClusterState:
     """Start the cluster in `state_dir`; a running cluster there is left as it is."""
     state_dir = state_dir.resolve()
     with locked(state_dir):
@@ -192,10 +204,16 @@ def _start_all(state: ClusterState, bins: dict[str, Path]) -> None:
     logs, pki_dir = root / "logs", root / "pki"
     ca = pki.CertificateAuthority(pki_dir)
     serving_ips = ("127.0.0.1", "10.0.0.1", state.network.gateway)
-    serving_names = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                     "kubernetes.default.svc.cluster.local")
-    tls_cert, tls_key = ca.issue("apiserver", "kube-apiserver", dns_names=serving_names,
-                                 ips=serving_ips, server=True)
+    serving_names = (
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+    )
+    tls_cert, tls_key = ca.issue(
+        "apiserver", "kube-apiserver", dns_names=serving_names, ips=serving_ips, server=True
+    )
     sa_key, sa_pub = pki.ensure_service_account_keys(pki_dir)
     kubelet_cert, kubelet_key = ca.issue_client(pki.APISERVER_KUBELET_CLIENT)
     kubeconfigs = {}
@@ -203,8 +221,13 @@ def _start_all(state: ClusterState, bins: dict[str, Path]) -> None:
         cert, key = ca.issue_client(ident)
         name = "kubeconfig" if ident is pki.ADMIN else f"{ident.stem}.kubeconfig"
         kubeconfigs[ident.stem] = pki.write_kubeconfig(
-            root / name, server=state.server, ca_path=ca.cert_path, cert_path=cert,
-            key_path=key, user=ident.user)
+            root / name,
+            server=state.server,
+            ca_path=ca.cert_path,
+            cert_path=cert,
+            key_path=key,
+            user=ident.user,
+        )
     network.create_bridge(state.network)
 
     def launch(name: str, argv: list[str]) -> Running:
@@ -214,57 +237,102 @@ def _start_all(state: ClusterState, bins: dict[str, Path]) -> None:
         return comp
 
     peer_port = processes.free_port()
-    etcd = launch("etcd", [
-        str(bins["etcd"]), "--name", "default", "--data-dir", str(root / "etcd"),
-        "--listen-client-urls", f"http://127.0.0.1:{state.etcd_port}",
-        "--advertise-client-urls", f"http://127.0.0.1:{state.etcd_port}",
-        "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-        "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-        "--unsafe-no-fsync", "--log-level", "warn",
-    ])
+    etcd = launch(
+        "etcd",
+        [
+            str(bins["etcd"]),
+            "--name",
+            "default",
+            "--data-dir",
+            str(root / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{state.etcd_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{state.etcd_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+    )
     _wait_healthy(etcd, f"http://127.0.0.1:{state.etcd_port}/health", None, 30)
-    apiserver = launch("kube-apiserver", [
-        str(bins["kube-apiserver"]),
-        f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-        f"--secure-port={state.apiserver_port}",
-        f"--cert-dir={pki_dir}", f"--tls-cert-file={tls_cert}", f"--tls-private-key-file={tls_key}",
-        f"--client-ca-file={ca.cert_path}",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
-        "--authorization-mode=RBAC", "--endpoint-reconciler-type=none",
-        f"--default-not-ready-toleration-seconds={TOLERATION_SECONDS}",
-        f"--default-unreachable-toleration-seconds={TOLERATION_SECONDS}",
-        f"--kubelet-client-certificate={kubelet_cert}", f"--kubelet-client-key={kubelet_key}",
-        "--kubelet-preferred-address-types=InternalIP", "--profiling=false",
-    ])
+    apiserver = launch(
+        "kube-apiserver",
+        [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={state.apiserver_port}",
+            f"--cert-dir={pki_dir}",
+            f"--tls-cert-file={tls_cert}",
+            f"--tls-private-key-file={tls_key}",
+            f"--client-ca-file={ca.cert_path}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={sa_pub}",
+            f"--service-account-signing-key-file={sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--authorization-mode=RBAC",
+            "--endpoint-reconciler-type=none",
+            f"--default-not-ready-toleration-seconds={TOLERATION_SECONDS}",
+            f"--default-unreachable-toleration-seconds={TOLERATION_SECONDS}",
+            f"--kubelet-client-certificate={kubelet_cert}",
+            f"--kubelet-client-key={kubelet_key}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--profiling=false",
+        ],
+    )
     _wait_healthy(apiserver, f"{state.server}/readyz", _tls_context(pki_dir), 90)
-    kcm = launch("kube-controller-manager", [
-        str(bins["kube-controller-manager"]),
-        f"--kubeconfig={kubeconfigs['controller-manager']}",
-        f"--authentication-kubeconfig={kubeconfigs['controller-manager']}",
-        f"--authorization-kubeconfig={kubeconfigs['controller-manager']}",
-        "--leader-elect=false", "--bind-address=127.0.0.1",
-        f"--secure-port={processes.free_port()}", "--controllers=*",
-        "--node-monitor-period=1s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
-        "--node-eviction-rate=10", "--secondary-node-eviction-rate=10",
-        f"--service-account-private-key-file={sa_key}", f"--root-ca-file={ca.cert_path}",
-        "--use-service-account-credentials=true", "--terminated-pod-gc-threshold=500",
-        "--concurrent-gc-syncs=5", "--profiling=false",
-    ])
-    sched = launch("kube-scheduler", [
-        str(bins["kube-scheduler"]), f"--kubeconfig={kubeconfigs['scheduler']}",
-        f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
-        f"--authorization-kubeconfig={kubeconfigs['scheduler']}",
-        "--leader-elect=false", "--bind-address=127.0.0.1",
-        f"--secure-port={processes.free_port()}", "--profiling=false",
-    ])
+    kcm = launch(
+        "kube-controller-manager",
+        [
+            str(bins["kube-controller-manager"]),
+            f"--kubeconfig={kubeconfigs['controller-manager']}",
+            f"--authentication-kubeconfig={kubeconfigs['controller-manager']}",
+            f"--authorization-kubeconfig={kubeconfigs['controller-manager']}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={processes.free_port()}",
+            "--controllers=*",
+            "--node-monitor-period=1s",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
+            "--node-eviction-rate=10",
+            "--secondary-node-eviction-rate=10",
+            f"--service-account-private-key-file={sa_key}",
+            f"--root-ca-file={ca.cert_path}",
+            "--use-service-account-credentials=true",
+            "--terminated-pod-gc-threshold=500",
+            "--concurrent-gc-syncs=5",
+            "--profiling=false",
+        ],
+    )
+    sched = launch(
+        "kube-scheduler",
+        [
+            str(bins["kube-scheduler"]),
+            f"--kubeconfig={kubeconfigs['scheduler']}",
+            f"--authentication-kubeconfig={kubeconfigs['scheduler']}",
+            f"--authorization-kubeconfig={kubeconfigs['scheduler']}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={processes.free_port()}",
+            "--profiling=false",
+        ],
+    )
     for comp in (kcm, sched):
         port = _flag_value(comp, "--secure-port")
-        _wait_healthy(comp, f"https://127.0.0.1:{port}/healthz",
-                      _tls_context(pki_dir, client=None, verify=False), 60)
+        _wait_healthy(
+            comp,
+            f"https://127.0.0.1:{port}/healthz",
+            _tls_context(pki_dir, client=None, verify=False),
+            60,
+        )
     agent = launch("agent", [sys.executable, "-m", "tpujob.local.agent", "--state-dir", str(root)])
     _wait_agent_ready(agent, root)
 
@@ -307,8 +375,11 @@ def stop_component(state_dir: Path, name: str) -> Stopped:
     state_dir = state_dir.resolve()
     with locked(state_dir):
         state = ClusterState.load(state_dir)
-        comp = next((c for c in state.components if c.name == name and c.alive()), None) \
-            if state is not None else None
+        comp = (
+            next((c for c in state.components if c.name == name and c.alive()), None)
+            if state is not None
+            else None
+        )
         if state is None or comp is None:
             raise ComponentError(f"{name} is not running in {state_dir}")
         argv = tuple(_cmdline(comp))
@@ -335,8 +406,12 @@ def start_component(state_dir: Path, stopped: Stopped, *, timeout: float = 90) -
             _wait_healthy(comp, f"{state.server}/readyz", _tls_context(pki_dir), timeout)
         else:
             port = _argv_flag(list(stopped.argv), "--secure-port", stopped.name)
-            _wait_healthy(comp, f"https://127.0.0.1:{port}/healthz",
-                          _tls_context(pki_dir, client=None, verify=False), timeout)
+            _wait_healthy(
+                comp,
+                f"https://127.0.0.1:{port}/healthz",
+                _tls_context(pki_dir, client=None, verify=False),
+                timeout,
+            )
     return comp
 
 
@@ -345,8 +420,10 @@ def _wait_agent_ready(agent: Running, root: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not agent.alive():
-            raise ComponentError(f"node agent died during start-up: "
-                                 f"{processes.last_line(agent.log)} (log: {agent.log})")
+            raise ComponentError(
+                f"node agent died during start-up: "
+                f"{processes.last_line(agent.log)} (log: {agent.log})"
+            )
         if ready.exists():
             return
         time.sleep(0.2)

@@ -35,8 +35,11 @@ from tpujob.local.agent.runtime import container_main_pid
 from tpujob.local.controlplane import ClusterState
 from tpujob.local.processes import ComponentError, process_start_time
 
-MAINTENANCE_TAINT = {"key": "cloud.google.com/impending-node-termination", "value": "true",
-                     "effect": "NoSchedule"}
+MAINTENANCE_TAINT = {
+    "key": "cloud.google.com/impending-node-termination",
+    "value": "true",
+    "effect": "NoSchedule",
+}
 MAINTENANCE_LABEL = ("cloud.google.com/active-node-maintenance", "ONGOING")
 
 
@@ -55,8 +58,14 @@ def find_pod(state_dir: Path, name: str, namespace: str | None = None) -> PodRec
     for meta_file in (state_dir / "agent" / "pods").glob("*/meta.json"):
         meta = json.loads(meta_file.read_text())
         if meta["name"] == name and namespace in (None, meta["namespace"]):
-            matches.append((meta_file.stat().st_mtime, PodRecord(
-                meta["uid"], meta["namespace"], meta["name"], meta["node"], meta_file.parent)))
+            matches.append(
+                (
+                    meta_file.stat().st_mtime,
+                    PodRecord(
+                        meta["uid"], meta["namespace"], meta["name"], meta["node"], meta_file.parent
+                    ),
+                )
+            )
     if not matches:
         where = f" in namespace {namespace}" if namespace else ""
         raise ComponentError(f"no pod {name}{where} has run on this local cluster")
@@ -81,8 +90,15 @@ def set_node_fault(state_dir: Path, node: str, **changes: bool) -> None:
     state = _state(state_dir)
     from tpujob.local.agent.nodes import plan_nodes
 
-    names = {n.name for n in plan_nodes(state.pools.pools, state.pools.accelerator,
-                                        state.pools.topology, state.pools.spare_nodes)}
+    names = {
+        n.name
+        for n in plan_nodes(
+            state.pools.pools,
+            state.pools.accelerator,
+            state.pools.topology,
+            state.pools.spare_nodes,
+        )
+    }
     if node not in names:
         raise ComponentError(f"no node {node}; nodes: {', '.join(sorted(names))}")
     data = {**dataclasses.asdict(read_faults(state_dir, node)), **changes}
@@ -100,14 +116,20 @@ def partition_pod(state_dir: Path, pod: PodRecord, *, heal: bool = False) -> Non
 def maintenance(state_dir: Path, node: str) -> None:
     core = client.CoreV1Api(config.new_client_from_config(str(state_dir / "kubeconfig")))
     current = core.read_node(node)
-    taints = [{"key": t.key, "value": t.value, "effect": t.effect}
-              for t in (current.spec.taints or [])]
+    taints = [
+        {"key": t.key, "value": t.value, "effect": t.effect} for t in (current.spec.taints or [])
+    ]
     taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
     if not any(t["key"] == MAINTENANCE_TAINT["key"] for t in taints):
         taints.append(dict(MAINTENANCE_TAINT))
-    core.patch_node(node, {"metadata": {"labels": {MAINTENANCE_LABEL[0]: MAINTENANCE_LABEL[1]}},
-                           "spec": {"taints": taints}},
-                   _content_type="application/merge-patch+json")
+    core.patch_node(
+        node,
+        {
+            "metadata": {"labels": {MAINTENANCE_LABEL[0]: MAINTENANCE_LABEL[1]}},
+            "spec": {"taints": taints},
+        },
+        _content_type="application/merge-patch+json",
+    )
 
 
 def _state(state_dir: Path) -> ClusterState:

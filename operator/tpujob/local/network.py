@@ -91,7 +91,7 @@ def bridge_mac(bridge: str) -> str:
     operator to see a hang that never happened.
     """
     digest = short_id("bridge-mac", bridge, length=10)
-    return ":".join(["02", *(digest[i:i + 2] for i in range(0, 10, 2))])
+    return ":".join(["02", *(digest[i : i + 2] for i in range(0, 10, 2))])
 
 
 def create_bridge(net: ClusterNetwork) -> None:

@@ -35,8 +35,9 @@ class Identity:
 ADMIN = Identity("admin", "tpujob-admin", ("system:masters",))
 SCHEDULER = Identity("scheduler", "system:kube-scheduler")
 CONTROLLER_MANAGER = Identity("controller-manager", "system:kube-controller-manager")
-APISERVER_KUBELET_CLIENT = Identity("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
-                                    ("system:masters",))
+APISERVER_KUBELET_CLIENT = Identity(
+    "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+)
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
@@ -83,9 +84,15 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -169,12 +176,19 @@ def write_kubeconfig(
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {"name": "tpujob-local", "cluster": {"server": server,
-                                                 "certificate-authority-data": b64(ca_path)}}
+            {
+                "name": "tpujob-local",
+                "cluster": {"server": server, "certificate-authority-data": b64(ca_path)},
+            }
         ],
         "users": [
-            {"name": user, "user": {"client-certificate-data": b64(cert_path),
-                                    "client-key-data": b64(key_path)}}
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": b64(cert_path),
+                    "client-key-data": b64(key_path),
+                },
+            }
         ],
         "contexts": [
             {"name": "tpujob-local", "context": {"cluster": "tpujob-local", "user": user}}

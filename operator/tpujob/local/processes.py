@@ -69,20 +69,32 @@ class Running:
 
     @staticmethod
     def from_json(data: dict[str, object]) -> Running:
-        return Running(str(data["name"]), int(str(data["pid"])), int(str(data["start_time"])),
-                       str(data["log"]))
+        return Running(
+            str(data["name"]), int(str(data["pid"])), int(str(data["start_time"])), str(data["log"])
+        )
 
 
-def start(name: str, argv: Sequence[str], log_dir: Path, *, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> Running:
+def start(
+    name: str,
+    argv: Sequence[str],
+    log_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Running:
     """Start `argv` detached from the caller, its output appended to `log_dir/NAME.log`."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     with open(log_path, "ab") as log:
         try:
             proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env, cwd=cwd,
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=cwd,
             )
         except OSError as err:
             raise ComponentError(f"{name}: cannot start {argv[0]}: {err.strerror}") from err

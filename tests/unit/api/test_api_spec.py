@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tpujob.api import (
-    BadNodeAction,
-    Framework,
-    InvalidJobError,
-    RecoverySpec,
-    parse_job,
-)
+from tpujob.api import BadNodeAction, Framework, InvalidJobError, RecoverySpec, parse_job
 from tpujob.api.recovery import Backoff
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
@@ -74,14 +68,7 @@ def test_snake_case_names_are_accepted_as_well_as_aliases() -> None:
 
 @pytest.mark.parametrize(
     ("value", "total_hosts", "expected"),
-    [
-        ("20%", 4, 1),
-        ("20%", 32, 7),
-        ("50%", 3, 2),
-        ("0%", 100, 0),
-        (3, 16, 3),
-        (0, 16, 0),
-    ],
+    [("20%", 4, 1), ("20%", 32, 7), ("50%", 3, 2), ("0%", 100, 0), (3, 16, 3), (0, 16, 0)],
     ids=["20%-of-4-rounds-up", "20%-of-32", "50%-of-3", "zero-percent", "integer", "zero"],
 )
 def test_failed_node_budget_resolves_to_a_count(
@@ -110,55 +97,111 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 REFUSED: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
-    ("unknown accelerator", _set("spec.tpu.accelerator", "tpu-v9"), "spec.tpu.accelerator",
-     "unknown accelerator"),
-    ("topology of another generation", _set("spec.tpu.topology", "4x4"), "spec.tpu.topology",
-     "not offered for tpu-v5p-slice"),
+    (
+        "unknown accelerator",
+        _set("spec.tpu.accelerator", "tpu-v9"),
+        "spec.tpu.accelerator",
+        "unknown accelerator",
+    ),
+    (
+        "topology of another generation",
+        _set("spec.tpu.topology", "4x4"),
+        "spec.tpu.topology",
+        "not offered for tpu-v5p-slice",
+    ),
     ("zero slices", _set("spec.tpu.slices", 0), "spec.tpu.slices", "greater than or equal to 1"),
     ("multislice on one host", _set("spec.tpu.topology", "2x2x1"), "spec.tpu", "multi-host"),
-    ("percent budget above half", _set("spec.recovery.maxFailedNodes", "80%"),
-     "spec.recovery.maxFailedNodes", "0% to 50%"),
-    ("integer budget above half", _set("spec.recovery.maxFailedNodes", 3), "spec",
-     "more than half"),
-    ("budget not a percentage", _set("spec.recovery.maxFailedNodes", "ten"),
-     "spec.recovery.maxFailedNodes", "percentage"),
-    ("backoff inverted", _set("spec.recovery.backoff", {"initialSeconds": 60, "maxSeconds": 5}),
-     "spec.recovery.backoff", "initialSeconds must be less than or equal to maxSeconds"),
-    ("regex does not compile",
-     _set("spec.recovery.rules", [{"messagePattern": "(unclosed", "class": "soft"}]),
-     "spec.recovery.rules[0].messagePattern", "does not compile"),
-    ("rule without matcher", _set("spec.recovery.rules", [{"class": "hard"}]),
-     "spec.recovery.rules[0]", "at least one of"),
-    ("rule with unknown class",
-     _set("spec.recovery.rules", [{"exitCodes": [3], "class": "mild"}]),
-     "spec.recovery.rules[0].class", "'soft', 'medium', 'hard' or 'fatal'"),
+    (
+        "percent budget above half",
+        _set("spec.recovery.maxFailedNodes", "80%"),
+        "spec.recovery.maxFailedNodes",
+        "0% to 50%",
+    ),
+    (
+        "integer budget above half",
+        _set("spec.recovery.maxFailedNodes", 3),
+        "spec",
+        "more than half",
+    ),
+    (
+        "budget not a percentage",
+        _set("spec.recovery.maxFailedNodes", "ten"),
+        "spec.recovery.maxFailedNodes",
+        "percentage",
+    ),
+    (
+        "backoff inverted",
+        _set("spec.recovery.backoff", {"initialSeconds": 60, "maxSeconds": 5}),
+        "spec.recovery.backoff",
+        "initialSeconds must be less than or equal to maxSeconds",
+    ),
+    (
+        "regex does not compile",
+        _set("spec.recovery.rules", [{"messagePattern": "(unclosed", "class": "soft"}]),
+        "spec.recovery.rules[0].messagePattern",
+        "does not compile",
+    ),
+    (
+        "rule without matcher",
+        _set("spec.recovery.rules", [{"class": "hard"}]),
+        "spec.recovery.rules[0]",
+        "at least one of",
+    ),
+    (
+        "rule with unknown class",
+        _set("spec.recovery.rules", [{"exitCodes": [3], "class": "mild"}]),
+        "spec.recovery.rules[0].class",
+        "'soft', 'medium', 'hard' or 'fatal'",
+    ),
     ("unknown spec field", _set("spec.replicas", 3), "spec.replicas", "Extra inputs"),
-    ("reserved env name", _set("spec.trainer.env", [{"name": "TPUJOB_ATTEMPT", "value": "1"}]),
-     "spec.trainer.env[0].name", "set by the operator"),
-    ("env value and valueFrom",
-     _set("spec.trainer.env", [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]),
-     "spec.trainer.env[0]", "not both"),
-    ("duplicate env", _set("spec.trainer.env", [{"name": "A"}, {"name": "A"}]),
-     "spec.trainer.env", "duplicate env names: A"),
-    ("negative checkpoint interval",
-     _set("spec.checkpoint", {"uri": "gs://b/p", "intervalSteps": -5}),
-     "spec.checkpoint.intervalSteps", "greater than or equal to 1"),
-    ("checkpoint uri and volume",
-     _set("spec.checkpoint", {"uri": "gs://b/p", "volume": {"claimName": "pvc"}}),
-     "spec.checkpoint", "exactly one of uri or volume"),
-    ("checkpoint uri scheme", _set("spec.checkpoint", {"uri": "ftp://host/p"}),
-     "spec.checkpoint.uri", "should match pattern"),
-    ("cpu not a quantity", _set("spec.trainer.resources", {"cpu": "two"}),
-     "spec.trainer.resources.cpu", "not a Kubernetes quantity"),
-    ("wrong type for slices", _set("spec.tpu.slices", "two"), "spec.tpu.slices",
-     "valid integer"),
+    (
+        "reserved env name",
+        _set("spec.trainer.env", [{"name": "TPUJOB_ATTEMPT", "value": "1"}]),
+        "spec.trainer.env[0].name",
+        "set by the operator",
+    ),
+    (
+        "env value and valueFrom",
+        _set("spec.trainer.env", [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]),
+        "spec.trainer.env[0]",
+        "not both",
+    ),
+    (
+        "duplicate env",
+        _set("spec.trainer.env", [{"name": "A"}, {"name": "A"}]),
+        "spec.trainer.env",
+        "duplicate env names: A",
+    ),
+    (
+        "negative checkpoint interval",
+        _set("spec.checkpoint", {"uri": "gs://b/p", "intervalSteps": -5}),
+        "spec.checkpoint.intervalSteps",
+        "greater than or equal to 1",
+    ),
+    (
+        "checkpoint uri and volume",
+        _set("spec.checkpoint", {"uri": "gs://b/p", "volume": {"claimName": "pvc"}}),
+        "spec.checkpoint",
+        "exactly one of uri or volume",
+    ),
+    (
+        "checkpoint uri scheme",
+        _set("spec.checkpoint", {"uri": "ftp://host/p"}),
+        "spec.checkpoint.uri",
+        "should match pattern",
+    ),
+    (
+        "cpu not a quantity",
+        _set("spec.trainer.resources", {"cpu": "two"}),
+        "spec.trainer.resources.cpu",
+        "not a Kubernetes quantity",
+    ),
+    ("wrong type for slices", _set("spec.tpu.slices", "two"), "spec.tpu.slices", "valid integer"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("mutate", "path", "message"),
-    [r[1:] for r in REFUSED],
-    ids=[r[0] for r in REFUSED],
+    ("mutate", "path", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
 )
 def test_invalid_spec_is_refused_naming_the_field(
     mutate: Callable[[dict[str, Any]], None], path: str, message: str

@@ -93,12 +93,8 @@ def test_int_or_string_fields_use_the_kubernetes_extension() -> None:
         assert "type" not in node
 
 
-@pytest.mark.parametrize(
-    "row", topology.ACCELERATORS, ids=[a.label for a in topology.ACCELERATORS]
-)
-def test_each_accelerator_has_a_topology_rule_listing_the_table(
-    row: topology.Accelerator,
-) -> None:
+@pytest.mark.parametrize("row", topology.ACCELERATORS, ids=[a.label for a in topology.ACCELERATORS])
+def test_each_accelerator_has_a_topology_rule_listing_the_table(row: topology.Accelerator) -> None:
     rules = [r for r in at(".spec.tpu")["x-kubernetes-validations"] if row.label in r["rule"]]
     topology_rule = next(r for r in rules if r.get("fieldPath") == ".topology")
     for topo in row.chips_per_host:
@@ -129,7 +125,13 @@ def test_printer_columns_read_fields_of_the_schema() -> None:
     for column in PRINTER_COLUMNS:
         assert column["jsonPath"] in paths, column
     assert [c["name"] for c in PRINTER_COLUMNS] == [
-        "Phase", "Accelerator", "Topology", "Slices", "Step", "Restarts", "Age"
+        "Phase",
+        "Accelerator",
+        "Topology",
+        "Slices",
+        "Step",
+        "Restarts",
+        "Age",
     ]
 
 

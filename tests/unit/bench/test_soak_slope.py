@@ -22,7 +22,8 @@ def test_flat_samples_have_no_slope() -> None:
     assert slope_per_hour([(t, 7.0) for t in range(0, 600, 10)]) == pytest.approx(0)
 
 
-@pytest.mark.parametrize("samples", [[], [(0.0, 1.0)], [(5.0, 1.0), (5.0, 2.0)]],
-                         ids=["none", "one", "one-instant"])
+@pytest.mark.parametrize(
+    "samples", [[], [(0.0, 1.0)], [(5.0, 1.0), (5.0, 2.0)]], ids=["none", "one", "one-instant"]
+)
 def test_too_few_samples_give_no_slope(samples: list[tuple[float, float]]) -> None:
     assert slope_per_hour(samples) is None

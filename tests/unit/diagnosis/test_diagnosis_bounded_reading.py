@@ -10,14 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpujob.diagnosis import (
-    FailureClass,
-    Source,
-    WorkerFacts,
-    diagnose_worker,
-    engine,
-    textmodel,
-)
+from tpujob.diagnosis import FailureClass, Source, WorkerFacts, diagnose_worker, engine, textmodel
 from tpujob.diagnosis.evaluate import facts_from_report, model_text, parse_corpus
 from tpujob.diagnosis.linear import compile_linear, replace_all
 from tpujob.diagnosis.textmodel import (
@@ -179,4 +172,3 @@ def test_words_are_the_word_pattern_matches(text: str) -> None:
 def test_replace_all_is_sub(text: str) -> None:
     number = compile_linear(r"\d+(?:\.\d+)*", where="test number pattern")
     assert replace_all(number, " num ", text) == number.sub(" num ", text)
-

@@ -41,11 +41,7 @@ def test_same_signature_at_same_step_twice_is_fatal_with_reason() -> None:
 
 @pytest.mark.parametrize(
     ("first_step", "second_step", "first_log"),
-    [
-        (1200, 1300, COLLECTIVE),
-        (None, None, COLLECTIVE),
-        (1200, 1200, "Connection reset by peer"),
-    ],
+    [(1200, 1300, COLLECTIVE), (None, None, COLLECTIVE), (1200, 1200, "Connection reset by peer")],
     ids=["different-step", "unknown-step", "different-signature"],
 )
 def test_repeat_guard_needs_same_signature_and_known_same_step(

@@ -17,8 +17,11 @@ from urllib.parse import parse_qs, urlparse
 
 
 def accelerator_type(zone: str, name: str, generation: str, topology: str) -> dict[str, Any]:
-    return {"name": f"projects/p/locations/{zone}/acceleratorTypes/{name}", "type": name,
-            "acceleratorConfigs": [{"type": generation, "topology": topology}]}
+    return {
+        "name": f"projects/p/locations/{zone}/acceleratorTypes/{name}",
+        "type": name,
+        "acceleratorConfigs": [{"type": generation, "topology": topology}],
+    }
 
 
 @dataclass
@@ -31,14 +34,14 @@ class FakeTpuApi:
         parts = path.strip("/").split("/")
         # v2/projects/{project}/locations/{zone}/acceleratorTypes
         if len(parts) != 6 or parts[0] != "v2" or parts[5] != "acceleratorTypes":
-            return 404, {"error": {"code": 404, "message": "no such method",
-                                   "status": "NOT_FOUND"}}
+            return 404, {"error": {"code": 404, "message": "no such method", "status": "NOT_FOUND"}}
         zone = parts[4]
         found = self.zones.get(zone, 404)
         if isinstance(found, int):
             status = {403: "PERMISSION_DENIED", 404: "NOT_FOUND"}.get(found, "INTERNAL")
-            return found, {"error": {"code": found, "message": f"zone {zone}: {status}",
-                                     "status": status}}
+            return found, {
+                "error": {"code": found, "message": f"zone {zone}: {status}", "status": status}
+            }
         page = int((query.get("pageToken") or ["0"])[0] or 0)
         body: dict[str, Any] = {"acceleratorTypes": found[page]}
         if page + 1 < len(found):

@@ -15,31 +15,47 @@ pytest.importorskip("google.cloud.tpu_v2")
 
 
 def config(endpoint: str, *zones: str) -> CatalogueConfig:
-    return CatalogueConfig(project="p", zones=zones, api_endpoint=endpoint, anonymous=True,
-                           timeout_seconds=5)
+    return CatalogueConfig(
+        project="p", zones=zones, api_endpoint=endpoint, anonymous=True, timeout_seconds=5
+    )
 
 
 def test_every_page_of_a_zone_is_read() -> None:
-    api = FakeTpuApi({"us-west4-a": [
-        [accelerator_type("us-west4-a", "v5litepod-4", "V5LITE_POD", "2x2")],
-        [accelerator_type("us-west4-a", "v5litepod-16", "V5LITE_POD", "4x4")],
-        [accelerator_type("us-west4-a", "v6e-16", "V6E", "4x4")],
-    ]})
+    api = FakeTpuApi(
+        {
+            "us-west4-a": [
+                [accelerator_type("us-west4-a", "v5litepod-4", "V5LITE_POD", "2x2")],
+                [accelerator_type("us-west4-a", "v5litepod-16", "V5LITE_POD", "4x4")],
+                [accelerator_type("us-west4-a", "v6e-16", "V6E", "4x4")],
+            ]
+        }
+    )
     with serve(api) as endpoint:
         catalogue = read_catalogue(config(endpoint, "us-west4-a"))
     assert catalogue.problems == {}
     assert [o.type_name for o in catalogue.offers["us-west4-a"]] == [
-        "v5litepod-4", "v5litepod-16", "v6e-16"]
-    assert catalogue.offers["us-west4-a"][1] == Offer("v5litepod-16",
-                                                      frozenset({("V5LITE_POD", "4x4")}))
+        "v5litepod-4",
+        "v5litepod-16",
+        "v6e-16",
+    ]
+    assert catalogue.offers["us-west4-a"][1] == Offer(
+        "v5litepod-16", frozenset({("V5LITE_POD", "4x4")})
+    )
     assert len(api.requests) == 3
     assert "pageToken=2" in api.requests[-1]
 
 
 def test_unknown_types_are_kept_but_match_no_shape() -> None:
-    api = FakeTpuApi({"z1": [[accelerator_type("z1", "v99x-8", "TYPE_UNSPECIFIED", "2x2"),
-                              {"name": "projects/p/locations/z1/acceleratorTypes/odd",
-                               "type": "odd"}]]})
+    api = FakeTpuApi(
+        {
+            "z1": [
+                [
+                    accelerator_type("z1", "v99x-8", "TYPE_UNSPECIFIED", "2x2"),
+                    {"name": "projects/p/locations/z1/acceleratorTypes/odd", "type": "odd"},
+                ]
+            ]
+        }
+    )
     with serve(api) as endpoint:
         catalogue = read_catalogue(config(endpoint, "z1"))
     assert {o.type_name for o in catalogue.offers["z1"]} == {"v99x-8", "odd"}
@@ -48,14 +64,16 @@ def test_unknown_types_are_kept_but_match_no_shape() -> None:
     assert "none of the zones z1" in check.message
 
 
-@pytest.mark.parametrize(("status", "problem"), [
-    (403, ZoneProblem.PERMISSION_DENIED),
-    (404, ZoneProblem.NOT_FOUND),
-    (503, ZoneProblem.UNREACHABLE),
-])
+@pytest.mark.parametrize(
+    ("status", "problem"),
+    [
+        (403, ZoneProblem.PERMISSION_DENIED),
+        (404, ZoneProblem.NOT_FOUND),
+        (503, ZoneProblem.UNREACHABLE),
+    ],
+)
 def test_a_zone_that_refuses_is_that_zones_problem(status: int, problem: ZoneProblem) -> None:
-    api = FakeTpuApi({"good": [[accelerator_type("good", "v6e-16", "V6E", "4x4")]],
-                      "bad": status})
+    api = FakeTpuApi({"good": [[accelerator_type("good", "v6e-16", "V6E", "4x4")]], "bad": status})
     with serve(api) as endpoint:
         catalogue = read_catalogue(config(endpoint, "good", "bad"))
     assert set(catalogue.offers) == {"good"}
@@ -70,7 +88,8 @@ def closed_port() -> int:
 
 
 def test_an_unreachable_api_is_said_once_and_the_operator_goes_on(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     source = CatalogueSource(config(f"http://127.0.0.1:{closed_port()}", "us-west4-a"))
     with caplog.at_level(logging.WARNING, logger="tpujob.gcp"):
         first = source.refresh()
@@ -93,10 +112,13 @@ def test_a_good_catalogue_is_kept_when_a_later_read_fails() -> None:
     assert source.refresh() is good
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("us-west4-a, us-east5-b,,us-west4-a", ("us-west4-a", "us-east5-b")),
-    (["europe-west4-a", " "], ("europe-west4-a",)),
-    ("", ()),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("us-west4-a, us-east5-b,,us-west4-a", ("us-west4-a", "us-east5-b")),
+        (["europe-west4-a", " "], ("europe-west4-a",)),
+        ("", ()),
+    ],
+)
 def test_zones_from_flags_or_values(text: str | list[str], expected: tuple[str, ...]) -> None:
     assert parse_zones(text) == expected

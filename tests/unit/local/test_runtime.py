@@ -18,25 +18,40 @@ from tpujob.local.agent.runtime import (
 
 
 def runtime(tmp_path: Path, policy: str = "Never", *, exit_code: int | None = None) -> PodRuntime:
-    rt = PodRuntime(uid="u", namespace="ns", name="p", node="n", directory=tmp_path,
-                    ip="10.1.1.5", restart_policy=policy, started_at=100.0, netns="x")
+    rt = PodRuntime(
+        uid="u",
+        namespace="ns",
+        name="p",
+        node="n",
+        directory=tmp_path,
+        ip="10.1.1.5",
+        restart_policy=policy,
+        started_at=100.0,
+        netns="x",
+    )
     c = ContainerRuntime(name="main", image="img", directory=tmp_path / "containers" / "main")
     if exit_code is not None:
-        c.terminated = Terminated(exit_code, "Completed" if exit_code == 0 else "Error",
-                                  "msg", 100.0, 110.0)
+        c.terminated = Terminated(
+            exit_code, "Completed" if exit_code == 0 else "Error", "msg", 100.0, 110.0
+        )
     rt.containers.append(c)
     return rt
 
 
-@pytest.mark.parametrize(("policy", "exit_code", "phase"), [
-    ("Never", 0, "Succeeded"),
-    ("Never", 3, "Failed"),
-    ("OnFailure", 0, "Succeeded"),
-    ("OnFailure", 3, "Running"),
-    ("Always", 0, "Running"),
-], ids=str)
-def test_phase_follows_restart_policy(tmp_path: Path, policy: str, exit_code: int,
-                                      phase: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "exit_code", "phase"),
+    [
+        ("Never", 0, "Succeeded"),
+        ("Never", 3, "Failed"),
+        ("OnFailure", 0, "Succeeded"),
+        ("OnFailure", 3, "Running"),
+        ("Always", 0, "Running"),
+    ],
+    ids=str,
+)
+def test_phase_follows_restart_policy(
+    tmp_path: Path, policy: str, exit_code: int, phase: str
+) -> None:
     assert runtime(tmp_path, policy, exit_code=exit_code).phase() == phase
 
 
@@ -49,9 +64,12 @@ def test_terminated_container_status_carries_exit_code_reason_and_message(tmp_pa
 
 
 def test_status_keeps_conditions_other_components_own(tmp_path: Path) -> None:
-    previous = {"conditions": [
-        {"type": "PodScheduled", "status": "True"},
-        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]}
+    previous = {
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"},
+        ]
+    }
     kinds = [c["type"] for c in pod_status(runtime(tmp_path), previous, now=1.0)["conditions"]]
     assert "DisruptionTarget" in kinds
     assert "PodScheduled" in kinds
@@ -98,20 +116,29 @@ def test_unhealthy_tpu_node_reports_zero_allocatable_and_only_standard_condition
     assert status["capacity"][nodes.TPU_RESOURCE] == "4"
     # The device plugin's verdict shows as allocatable, as on GKE; no invented condition.
     assert {c["type"] for c in status["conditions"]} <= {
-        "Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"}
+        "Ready",
+        "MemoryPressure",
+        "DiskPressure",
+        "PIDPressure",
+        "NetworkUnavailable",
+    }
 
 
 @pytest.mark.parametrize(("limit_mib", "oom"), [(64, True), (1024, False)], ids=["over", "under"])
 def test_a_container_over_its_memory_limit_is_killed_as_oomkilled(
-        tmp_path: Path, limit_mib: int, oom: bool) -> None:
+    tmp_path: Path, limit_mib: int, oom: bool
+) -> None:
     import sys
     import time
 
-    c = ContainerRuntime(name="main", image="img", directory=tmp_path / "c",
-                         memory_limit=limit_mib << 20)
+    c = ContainerRuntime(
+        name="main", image="img", directory=tmp_path / "c", memory_limit=limit_mib << 20
+    )
     # A child holds 200 MiB: the limit counts the whole process tree, as a cgroup does.
-    hog = ("import subprocess,sys; subprocess.run([sys.executable, '-c', "
-           "'import time; b = bytearray(200 << 20); time.sleep(30)'], timeout=60)")
+    hog = (
+        "import subprocess,sys; subprocess.run([sys.executable, '-c', "
+        "'import time; b = bytearray(200 << 20); time.sleep(30)'], timeout=60)"
+    )
     c.start([sys.executable, "-c", hog], {}, now=0.0)
     deadline = time.monotonic() + 20
     while c.terminated is None and time.monotonic() < deadline:

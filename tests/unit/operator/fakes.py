@@ -24,18 +24,22 @@ class FakeReader(CachedView):
     """The reads a reconcile makes, over fixed objects, through the cache's own record
     functions (so what the indexes keep is what these tests plan on)."""
 
-    def __init__(self, pods: list[dict[str, Any]], body: dict[str, Any] | None = None,
-                 lease: dict[str, Any] | None = None,
-                 nodes: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        pods: list[dict[str, Any]],
+        body: dict[str, Any] | None = None,
+        lease: dict[str, Any] | None = None,
+        nodes: list[dict[str, Any]] | None = None,
+    ) -> None:
         book = NodeBook()
         super().__init__(
             jobs=index([job_record(body)] if body is not None else []),
             pods=index(pod_by_job(p) for p in pods),
             pools=index(pod_by_pool(p) for p in pods),
-            nodes=index(node_record(n, book) for n in (nodes if nodes is not None
-                                                       else cluster())),
+            nodes=index(node_record(n, book) for n in (nodes if nodes is not None else cluster())),
             heartbeats=index([lease_record(lease)] if lease is not None else []),
-            node_book=book)
+            node_book=book,
+        )
         object.__setattr__(self, "configs", {})
         object.__setattr__(self, "api_unreachable", False)
 
@@ -111,8 +115,9 @@ class RecordingWriter:
     def mark_node(self, mark: NodeMark, job: str) -> None:
         self._record("mark", mark.node)
 
-    def bind_cluster_role(self, namespace: str, name: str, role: str, account: str,
-                          account_namespace: str) -> None:
+    def bind_cluster_role(
+        self, namespace: str, name: str, role: str, account: str, account_namespace: str
+    ) -> None:
         self._record("bind", f"{namespace}/{role}")
 
     def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None:

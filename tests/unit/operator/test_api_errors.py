@@ -28,11 +28,21 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize(("status", "kind"), [
-    (404, NotFoundError), (409, ConflictError), (403, ForbiddenError), (422, InvalidError),
-    (429, UnavailableError), (500, UnavailableError), (503, UnavailableError),
-    (504, UnavailableError), (400, KubeError),
-], ids=str)
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (404, NotFoundError),
+        (409, ConflictError),
+        (403, ForbiddenError),
+        (422, InvalidError),
+        (429, UnavailableError),
+        (500, UnavailableError),
+        (503, UnavailableError),
+        (504, UnavailableError),
+        (400, KubeError),
+    ],
+    ids=str,
+)
 def test_api_answers_become_typed_errors(status: int, kind: type[KubeError]) -> None:
     def fail(**_: Any) -> None:
         raise ApiException(status=status, reason="why")
@@ -62,18 +72,26 @@ def test_every_call_carries_a_request_timeout_unless_given_one() -> None:
     assert seen == [REQUEST_TIMEOUT, 1.0]
 
 
-@pytest.mark.parametrize(("err", "failures", "low", "high"), [
-    (ConflictError(409, "Conflict", ""), 1, 0.05, 0.5),
-    (ConflictError(409, "Conflict", ""), 9, 0.05, 0.5),
-    (UnavailableError(0, "ConnectionRefused", ""), 1, 0.75, 1.25),
-    (UnavailableError(503, "ServiceUnavailable", ""), 3, 3.0, 5.0),
-    (UnavailableError(0, "ConnectionRefused", ""), 9, 6.0, MAX_UNAVAILABLE_RETRY_SECONDS * 1.25),
-    (ForbiddenError(403, "Forbidden", ""), 1, 1.5, 2.5),
-    (ValueError("a bug"), 2, 3.0, 5.0),
-    (ValueError("a bug"), 50, 45.0, MAX_ERROR_RETRY_SECONDS * 1.25),
-], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
-def test_retry_delay_by_error_kind(err: Exception, failures: int, low: float,
-                                   high: float) -> None:
+@pytest.mark.parametrize(
+    ("err", "failures", "low", "high"),
+    [
+        (ConflictError(409, "Conflict", ""), 1, 0.05, 0.5),
+        (ConflictError(409, "Conflict", ""), 9, 0.05, 0.5),
+        (UnavailableError(0, "ConnectionRefused", ""), 1, 0.75, 1.25),
+        (UnavailableError(503, "ServiceUnavailable", ""), 3, 3.0, 5.0),
+        (
+            UnavailableError(0, "ConnectionRefused", ""),
+            9,
+            6.0,
+            MAX_UNAVAILABLE_RETRY_SECONDS * 1.25,
+        ),
+        (ForbiddenError(403, "Forbidden", ""), 1, 1.5, 2.5),
+        (ValueError("a bug"), 2, 3.0, 5.0),
+        (ValueError("a bug"), 50, 45.0, MAX_ERROR_RETRY_SECONDS * 1.25),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_retry_delay_by_error_kind(err: Exception, failures: int, low: float, high: float) -> None:
     delays = [retry_delay(err, failures, j) for j in (0.0, 0.5, 0.999)]
     assert all(low <= d <= high for d in delays), delays
     assert delays[0] < delays[-1]  # jittered, so racing retries spread out

@@ -17,8 +17,9 @@ from tpujob.observed import node_view
 
 def test_a_pods_record_keeps_its_owner_uids_and_a_redacted_message() -> None:
     job = job_body(status=running_status())
-    message = trainer_message(contract.ExitCode.SHAPE_MISMATCH,
-                              "fetch https://user:hunter2@example.com/data failed")
+    message = trainer_message(
+        contract.ExitCode.SHAPE_MISMATCH, "fetch https://user:hunter2@example.com/data failed"
+    )
     raw = pod(job, 1, 0, 1, phase="Failed", exit_code=1, message=message)
     record = pod_record(raw)
     assert record.owners == frozenset({job["metadata"]["uid"]})
@@ -26,8 +27,10 @@ def test_a_pods_record_keeps_its_owner_uids_and_a_redacted_message() -> None:
     assert record.view.exit_code == 1
 
 
-@pytest.mark.parametrize(("phase", "held"), [
-    ("Pending", True), ("Running", True), ("Succeeded", False), ("Failed", False)])
+@pytest.mark.parametrize(
+    ("phase", "held"),
+    [("Pending", True), ("Running", True), ("Succeeded", False), ("Failed", False)],
+)
 def test_only_a_live_pod_holds_its_pool(phase: str, held: bool) -> None:
     job = job_body(status=running_status())
     raw = pod(job, 1, 0, 0, phase=phase)
@@ -77,11 +80,19 @@ def test_a_cached_job_body_is_a_copy_the_caller_may_change() -> None:
     assert again is not None and again["status"]["phase"] != "Failed"
 
 
-@pytest.mark.parametrize(("cached", "written", "winner"), [
-    ("10", "12", "written"), ("12", "10", "cached"), ("12", "12", "cached"),
-    ("abc", "12", "cached"), (None, "12", "written")])
+@pytest.mark.parametrize(
+    ("cached", "written", "winner"),
+    [
+        ("10", "12", "written"),
+        ("12", "10", "cached"),
+        ("12", "12", "cached"),
+        ("abc", "12", "cached"),
+        (None, "12", "written"),
+    ],
+)
 def test_the_newer_of_two_versions_wins_and_opaque_versions_favour_the_watch(
-        cached: str | None, written: str, winner: str) -> None:
+    cached: str | None, written: str, winner: str
+) -> None:
     a = {"metadata": {"resourceVersion": cached}} if cached is not None else None
     b = {"metadata": {"resourceVersion": written}}
     assert newer(a, b) is (a if winner == "cached" else b)
@@ -125,8 +136,15 @@ def test_a_node_change_the_planner_reads_makes_a_new_snapshot(change: str) -> No
     if change == "deleted":
         book.note("pool-0-w0", None)
     else:
-        node_record(node("pool-0-w0", "pool-0", taints=("x",) if change == "tainted" else (),
-                         tpu_unhealthy=change == "tpus-short"), book)
+        node_record(
+            node(
+                "pool-0-w0",
+                "pool-0",
+                taints=("x",) if change == "tainted" else (),
+                tpu_unhealthy=change == "tpus-short",
+            ),
+            book,
+        )
     assert book.take_change("pool-0-w0")
     second = book.snapshot()
     assert second is not first and first["pool-0-w0"] is not second.get("pool-0-w0")

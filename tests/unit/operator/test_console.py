@@ -15,10 +15,10 @@ def failed_over_node_loss() -> dict[str, object]:
     job = job_body(status=running_status())
     nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown"}})
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
-    result = plan(observed(job, pods, nodes=nodes, heartbeat=lease(renewed=19, step=42)),
-                  now=at(20))
-    return job_body(status=result.status.model_dump(mode="json", by_alias=True,
-                                                    exclude_none=True))
+    result = plan(
+        observed(job, pods, nodes=nodes, heartbeat=lease(renewed=19, step=42)), now=at(20)
+    )
+    return job_body(status=result.status.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def test_describe_shows_the_failure_chain_budget_and_timeline() -> None:
@@ -53,9 +53,7 @@ def test_the_loss_the_trainer_reports_reaches_the_status_and_describe() -> None:
     job = job_body(status=running_status())
     beat = lease(renewed=19, step=42)
     beat["metadata"]["annotations"][contract.HEARTBEAT_LOSS] = "0.8125"
-    result = plan(observed(job, [pod(job, 1, 0, 0), pod(job, 1, 0, 1)], heartbeat=beat),
-                  now=at(20))
+    result = plan(observed(job, [pod(job, 1, 0, 0), pod(job, 1, 0, 1)], heartbeat=beat), now=at(20))
     assert result.status.progress is not None and result.status.progress.loss == 0.8125
-    body = job_body(status=result.status.model_dump(mode="json", by_alias=True,
-                                                    exclude_none=True))
+    body = job_body(status=result.status.model_dump(mode="json", by_alias=True, exclude_none=True))
     assert "loss 0.8125" in "\n".join(describe_lines(parse_job(body), at(30)))

@@ -8,14 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from tests.unit.operator.builders import (
-    at,
-    cluster,
-    job_body,
-    pod,
-    running_status,
-    trainer_message,
-)
+from tests.unit.operator.builders import at, cluster, job_body, pod, running_status, trainer_message
 from tests.unit.operator.fakes import FakeReader, RecordingWriter, index
 
 from tpujob import contract
@@ -31,8 +24,9 @@ from tpujob.kube.errors import (
 from tpujob.observed import heartbeat_view
 
 
-def run(reader: FakeReader, writer: RecordingWriter, deps: Deps | None = None,
-        now: float = 20) -> float | None:
+def run(
+    reader: FakeReader, writer: RecordingWriter, deps: Deps | None = None, now: float = 20
+) -> float | None:
     deps = deps or Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
     deps.clock = lambda: at(now)
     return asyncio.run(reconcile(deps, "team", "train"))
@@ -51,8 +45,9 @@ def test_a_launch_writes_status_then_the_fence_then_the_pods_then_events() -> No
     kinds = writer.kinds()
     assert kinds[0] == "status"
     assert ("fence", "2") in writer.calls
-    first_pod = next(i for i, (k, d) in enumerate(writer.calls)
-                     if k == "create" and d.startswith("Pod/"))
+    first_pod = next(
+        i for i, (k, d) in enumerate(writer.calls) if k == "create" and d.startswith("Pod/")
+    )
     assert kinds.index("fence") < first_pod
     events = [i for i, k in enumerate(kinds) if k == "event"]
     assert all(i > first_pod for i in events)
@@ -109,15 +104,20 @@ def test_an_event_is_named_by_its_content_so_telling_it_twice_is_a_no_op() -> No
     spec = EventSpec("Warning", "FailureDiagnosed", "[SOFT] killed", at(20))
     assert event_name(meta, spec) == event_name(meta, spec)
     assert event_name(meta, spec) != event_name({**meta, "uid": "u2"}, spec)
-    assert event_name(meta, spec) != event_name(meta, EventSpec("Warning", "FailureDiagnosed",
-                                                                "[SOFT] killed", at(21)))
+    assert event_name(meta, spec) != event_name(
+        meta, EventSpec("Warning", "FailureDiagnosed", "[SOFT] killed", at(21))
+    )
 
 
-@pytest.mark.parametrize("refusal", [
-    ForbiddenError(403, "Forbidden", 'pods "train-2-0-0" is forbidden: exceeded quota: small'),
-    InvalidError(422, "Invalid", "spec.containers[0].securityContext: Invalid value"),
-    KubeError(400, "BadRequest", 'admission webhook "policy.example.com" denied the request'),
-], ids=["quota", "invalid", "webhook"])
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        ForbiddenError(403, "Forbidden", 'pods "train-2-0-0" is forbidden: exceeded quota: small'),
+        InvalidError(422, "Invalid", "spec.containers[0].securityContext: Invalid value"),
+        KubeError(400, "BadRequest", 'admission webhook "policy.example.com" denied the request'),
+    ],
+    ids=["quota", "invalid", "webhook"],
+)
 def test_a_refused_pod_shows_why_in_the_status_and_is_retried(refusal: KubeError) -> None:
     writer = RecordingWriter(fail={"create-pod": refusal})
     delay = run(FakeReader([], body=launching_job()), writer)
@@ -130,9 +130,15 @@ def test_a_refused_pod_shows_why_in_the_status_and_is_retried(refusal: KubeError
 
 def test_pods_refused_clears_once_every_pod_exists() -> None:
     status = running_status()
-    status["conditions"] = [{"type": "PodsRefused", "status": "True", "reason": "FailedCreate",
-                             "message": "exceeded quota",
-                             "lastTransitionTime": "2026-01-01T12:00:00Z"}]
+    status["conditions"] = [
+        {
+            "type": "PodsRefused",
+            "status": "True",
+            "reason": "FailedCreate",
+            "message": "exceeded quota",
+            "lastTransitionTime": "2026-01-01T12:00:00Z",
+        }
+    ]
     job = job_body(status=status)
     writer = RecordingWriter()
     run(FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job), writer)
@@ -155,8 +161,10 @@ def test_a_tpu_shortfall_fails_the_node_only_after_its_grace() -> None:
 
 
 def test_planning_over_its_budget_is_a_condition_on_that_job_only() -> None:
-    job = job_body(status=running_status(), recovery={"rules": [
-        {"messagePattern": "(a|aa)+$", "class": "soft"}]})
+    job = job_body(
+        status=running_status(),
+        recovery={"rules": [{"messagePattern": "(a|aa)+$", "class": "soft"}]},
+    )
     writer = RecordingWriter()
     reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
     deps = Deps(reader=reader, writer=writer, plan_budget_seconds=0)  # type: ignore[arg-type]
@@ -232,8 +240,9 @@ def test_a_job_with_no_free_pool_is_told_which_zones_offer_its_shape() -> None:
     name = catalogue_name("tpu-v4-podslice", "2x2x2")
     assert name is not None
     source = CatalogueSource(CatalogueConfig(project="p", zones=("us-central2-b",)))
-    source.catalogue = Catalogue(project="p", offers={
-        "us-central2-b": (Offer(name.type_name),), "europe-west4-a": ()})
+    source.catalogue = Catalogue(
+        project="p", offers={"us-central2-b": (Offer(name.type_name),), "europe-west4-a": ()}
+    )
     reader, writer = FakeReader([], body=launching_job()), RecordingWriter()
     deps = Deps(reader=reader, writer=writer, catalogue=source)  # type: ignore[arg-type]
     deps.pool_claims.update({f"pool-{i}": ("team", f"other-{i}") for i in range(3)})
@@ -249,9 +258,17 @@ def test_a_change_of_progress_alone_is_written_at_most_once_per_interval() -> No
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
 
     def lease(step: int) -> dict[str, Any]:
-        return {"metadata": {"name": "train-heartbeat", "namespace": "team", "annotations": {
-            contract.HEARTBEAT_STEP: str(step), contract.HEARTBEAT_ATTEMPT: "1"}},
-            "spec": {"renewTime": "2026-01-01T12:00:19Z"}}
+        return {
+            "metadata": {
+                "name": "train-heartbeat",
+                "namespace": "team",
+                "annotations": {
+                    contract.HEARTBEAT_STEP: str(step),
+                    contract.HEARTBEAT_ATTEMPT: "1",
+                },
+            },
+            "spec": {"renewTime": "2026-01-01T12:00:19Z"},
+        }
 
     writer = RecordingWriter()
     reader = FakeReader(pods, body=job, lease=lease(10))
@@ -312,8 +329,7 @@ def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_res
 
     job = job_body(status=running_status())
     message = trainer_message(contract.ExitCode.COLLECTIVE_FAILURE, "connection reset by peer")
-    pods = [pod(job, 1, 0, 0),
-            pod(job, 1, 0, 1, phase="Failed", exit_code=30, message=message)]
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=30, message=message)]
     reader, writer = FakeReader(pods, body=job), RecordingWriter()
     deps = Deps(reader=reader, writer=writer, ledger_namespace="tpujob-system")  # type: ignore[arg-type]
     run(reader, writer, deps)
@@ -322,16 +338,21 @@ def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_res
     saved = writer.configs[("tpujob-system", LEDGER_CONFIGMAP)][LEDGER_KEY]
     assert '"team/train"' in saved
     reader.configs.update(writer.configs)  # type: ignore[attr-defined]
-    restarted = Deps(reader=reader, writer=RecordingWriter(),  # type: ignore[arg-type]
-                     ledger_namespace="tpujob-system")
+    restarted = Deps(
+        reader=reader,
+        writer=RecordingWriter(),  # type: ignore[arg-type]
+        ledger_namespace="tpujob-system",
+    )
     asyncio.run(load_ledger(restarted))
     assert [(b.node, b.job) for b in restarted.ledger.blames] == [
-        (pods[1]["spec"]["nodeName"], "team/train")]
+        (pods[1]["spec"]["nodeName"], "team/train")
+    ]
     assert restarted.ledger.blames[0].at == at(20).timestamp()
 
 
-def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count_from_then(
-) -> None:
+def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count_from_then() -> (
+    None
+):
     job = job_body(status=running_status())
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
     reader = FakeReader(pods, body=job)
@@ -377,14 +398,18 @@ def test_jobs_retrying_after_an_outage_send_one_probe_and_all_go_on_when_it_answ
 
 @pytest.mark.parametrize(("namespace", "bound"), [("team", True), ("kube-system", False)])
 def test_the_operator_binds_itself_lease_rights_before_the_fence_never_in_system_namespaces(
-        namespace: str, bound: bool) -> None:
+    namespace: str, bound: bool
+) -> None:
     from tpujob.deps import LeaseAccess
 
     body = launching_job()
     body["metadata"]["namespace"] = namespace
     reader, writer = FakeReader([], body=body), RecordingWriter()
-    deps = Deps(reader=reader, writer=writer,  # type: ignore[arg-type]
-                lease_access=LeaseAccess(role="op-leases", account="op", account_namespace="ops"))
+    deps = Deps(
+        reader=reader,
+        writer=writer,  # type: ignore[arg-type]
+        lease_access=LeaseAccess(role="op-leases", account="op", account_namespace="ops"),
+    )
     deps.clock = lambda: at(20)
     asyncio.run(reconcile(deps, namespace, "train"))
     kinds = writer.kinds()
@@ -402,11 +427,14 @@ def test_a_lease_the_api_refuses_shows_why_like_a_refused_pod() -> None:
     assert "leases is forbidden" in refused["message"]
 
 
-@pytest.mark.parametrize(("owners", "refused"), [
-    (frozenset({"job-uid"}), False), (frozenset({"old-job-uid"}), True), (frozenset(), True)],
-    ids=["its-own", "an-earlier-incarnations", "orphaned"])
+@pytest.mark.parametrize(
+    ("owners", "refused"),
+    [(frozenset({"job-uid"}), False), (frozenset({"old-job-uid"}), True), (frozenset(), True)],
+    ids=["its-own", "an-earlier-incarnations", "orphaned"],
+)
 def test_a_pod_name_taken_by_a_pod_that_is_not_the_jobs_is_shown_not_waited_on(
-        owners: frozenset[str], refused: bool) -> None:
+    owners: frozenset[str], refused: bool
+) -> None:
     writer = RecordingWriter()
     writer.existing_pods = {"train-2-0-0": owners}
     run(FakeReader([], body=launching_job()), writer)
@@ -452,26 +480,34 @@ def test_no_more_reconciles_run_at_once_than_there_are_slots(slots: int) -> None
     assert len(results) == 12 and writer.most == slots
 
 
-
 def beat(step: int, renewed: str) -> dict[str, Any]:
-    return {"metadata": {"name": "train-heartbeat", "namespace": "team", "annotations": {
-        contract.HEARTBEAT_STEP: str(step), contract.HEARTBEAT_ATTEMPT: "1"}},
-        "spec": {"renewTime": renewed}}
+    return {
+        "metadata": {
+            "name": "train-heartbeat",
+            "namespace": "team",
+            "annotations": {contract.HEARTBEAT_STEP: str(step), contract.HEARTBEAT_ATTEMPT: "1"},
+        },
+        "spec": {"renewTime": renewed},
+    }
 
 
-@pytest.mark.parametrize(("case", "writes"), [
-    ("waiting for a pool, a minute later", False),
-    ("running, the same step a minute later", False),
-    ("running, the trainer's step moved", True),
-])
+@pytest.mark.parametrize(
+    ("case", "writes"),
+    [
+        ("waiting for a pool, a minute later", False),
+        ("running, the same step a minute later", False),
+        ("running, the trainer's step moved", True),
+    ],
+)
 def test_the_clock_alone_never_writes_a_status(case: str, writes: bool) -> None:
     """Only the goodput breakdown grows with time; a thousand waiting jobs must not rewrite it."""
     if case.startswith("waiting"):
         reader = FakeReader([], body=job_body(), nodes=[])
     else:
         job = job_body(status=running_status())
-        reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job,
-                            lease=beat(10, "2026-01-01T12:00:19Z"))
+        reader = FakeReader(
+            [pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job, lease=beat(10, "2026-01-01T12:00:19Z")
+        )
     for now in (20, 21):  # settled: the first reconcile only validates a new job
         first = RecordingWriter()
         run(reader, first, now=now)
@@ -480,7 +516,8 @@ def test_the_clock_alone_never_writes_a_status(case: str, writes: bool) -> None:
     reader.heartbeats.clear()  # type: ignore[attr-defined]
     step = 40 if writes else 10
     reader.heartbeats.update(  # type: ignore[attr-defined]
-        index([lease_record(beat(step, "2026-01-01T12:01:19Z"))]))
+        index([lease_record(beat(step, "2026-01-01T12:01:19Z"))])
+    )
     later = RecordingWriter()
     run(reader, later, now=80)
     assert ("status" in later.kinds()) is writes

@@ -47,8 +47,9 @@ class SimCluster:
         self.fence = 0
 
     def reader(self) -> FakeReader:
-        return FakeReader(list(self.pods.values()), body=copy.deepcopy(self.body),
-                          nodes=copy.deepcopy(self.nodes))
+        return FakeReader(
+            list(self.pods.values()), body=copy.deepcopy(self.body), nodes=copy.deepcopy(self.nodes)
+        )
 
 
 class SimWriter:
@@ -101,8 +102,7 @@ class SimWriter:
         node = next(n for n in self.sim.nodes if n["metadata"]["name"] == mark.node)
         taints = node["spec"]["taints"]
         if not any(t["key"] == labels.BAD_NODE_TAINT for t in taints):
-            taints.append({"key": labels.BAD_NODE_TAINT, "value": job,
-                           "effect": "NoSchedule"})
+            taints.append({"key": labels.BAD_NODE_TAINT, "value": job, "effect": "NoSchedule"})
             self.sim.taints_added[mark.node] += 1
 
     def event(self, body: dict[str, Any], spec: EventSpec) -> bool:
@@ -127,8 +127,10 @@ def recover(die_at: int | None) -> tuple[SimCluster, int]:
     sim, counter = SimCluster(), [0]
     died = False
     for step in range(12):
-        deps = Deps(reader=sim.reader(),  # type: ignore[arg-type]
-                    writer=SimWriter(sim, None if died else die_at, counter))  # type: ignore[arg-type]
+        deps = Deps(
+            reader=sim.reader(),  # type: ignore[arg-type]
+            writer=SimWriter(sim, None if died else die_at, counter),
+        )  # type: ignore[arg-type]
         deps.clock = partial(at, 20 + step)
         try:
             asyncio.run(reconcile(deps, "team", "train"))
@@ -136,8 +138,7 @@ def recover(die_at: int | None) -> tuple[SimCluster, int]:
             died = True
         status = sim.body["status"]
         attempt_two = [p for p in sim.pods if p.startswith("train-2-")]
-        if status.get("attempt") == 2 and len(attempt_two) == 2 and \
-                not status.get("pendingEvents"):
+        if status.get("attempt") == 2 and len(attempt_two) == 2 and not status.get("pendingEvents"):
             return sim, counter[0]
     raise AssertionError(f"recovery did not finish; status {sim.body['status']}")
 
@@ -147,8 +148,7 @@ def effects_of_an_undisturbed_recovery() -> int:
 
 
 @pytest.mark.parametrize("die_at", range(1, effects_of_an_undisturbed_recovery() + 1))
-def test_an_operator_killed_at_any_effect_finishes_the_recovery_exactly_once(
-        die_at: int) -> None:
+def test_an_operator_killed_at_any_effect_finishes_the_recovery_exactly_once(die_at: int) -> None:
     sim, _ = recover(die_at)
     status = sim.body["status"]
     assert sorted(sim.pods) == ["train-2-0-0", "train-2-0-1"]  # no duplicate, no extra

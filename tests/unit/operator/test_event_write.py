@@ -11,8 +11,11 @@ from kubernetes.client.exceptions import ApiException
 from tpujob.kube.apply import Writer
 from tpujob.plan import EventSpec
 
-JOB = {"apiVersion": "tpujob.dev/v1alpha1", "kind": "TPUTrainingJob",
-       "metadata": {"name": "train", "namespace": "team", "uid": "u1"}}
+JOB = {
+    "apiVersion": "tpujob.dev/v1alpha1",
+    "kind": "TPUTrainingJob",
+    "metadata": {"name": "train", "namespace": "team", "uid": "u1"},
+}
 
 
 class FakeEvents:

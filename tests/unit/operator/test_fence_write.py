@@ -27,22 +27,33 @@ class FakeLeases:
     def read_namespaced_lease(self, name: str, namespace: str, **_: Any) -> Any:
         if self.owner is None:
             raise ApiException(status=404, reason="NotFound")
-        return SimpleNamespace(metadata=SimpleNamespace(
-            annotations=dict(self.annotations), resource_version="7",
-            owner_references=[SimpleNamespace(uid=self.owner)]))
+        return SimpleNamespace(
+            metadata=SimpleNamespace(
+                annotations=dict(self.annotations),
+                resource_version="7",
+                owner_references=[SimpleNamespace(uid=self.owner)],
+            )
+        )
 
     def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
         self.created = body
 
-    def patch_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any],
-                               **_: Any) -> None:
+    def patch_namespaced_lease(
+        self, name: str, namespace: str, body: dict[str, Any], **_: Any
+    ) -> None:
         self.patches.append(body["metadata"])
 
 
 def lease() -> dict[str, Any]:
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "train-heartbeat", "namespace": "team",
-                         "ownerReferences": [{"uid": OURS, "kind": "TPUTrainingJob"}]}}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": "train-heartbeat",
+            "namespace": "team",
+            "ownerReferences": [{"uid": OURS, "kind": "TPUTrainingJob"}],
+        },
+    }
 
 
 def fenced(leases: FakeLeases, attempt: int) -> FakeLeases:
@@ -58,15 +69,20 @@ def test_a_new_lease_carries_the_token_and_the_jobs_uid() -> None:
     assert leases.created["metadata"]["annotations"] == {FENCE: "1", JOB: OURS}
 
 
-@pytest.mark.parametrize(("annotations", "attempt", "patch"), [
-    ({FENCE: "2", JOB: OURS}, 3, {FENCE: "3", JOB: OURS}),
-    ({FENCE: "5", JOB: OURS}, 3, None),
-    ({FENCE: "3", JOB: OURS}, 3, None),
-    # Written before the uid went with the token: named, and the newer token stays.
-    ({FENCE: "5"}, 3, {JOB: OURS}),
-], ids=["advances", "never-back", "already-there", "names-the-job-keeps-the-token"])
+@pytest.mark.parametrize(
+    ("annotations", "attempt", "patch"),
+    [
+        ({FENCE: "2", JOB: OURS}, 3, {FENCE: "3", JOB: OURS}),
+        ({FENCE: "5", JOB: OURS}, 3, None),
+        ({FENCE: "3", JOB: OURS}, 3, None),
+        # Written before the uid went with the token: named, and the newer token stays.
+        ({FENCE: "5"}, 3, {JOB: OURS}),
+    ],
+    ids=["advances", "never-back", "already-there", "names-the-job-keeps-the-token"],
+)
 def test_the_token_of_this_jobs_lease_only_moves_forward(
-        annotations: dict[str, str], attempt: int, patch: dict[str, str] | None) -> None:
+    annotations: dict[str, str], attempt: int, patch: dict[str, str] | None
+) -> None:
     leases = fenced(FakeLeases(OURS, annotations), attempt)
     assert [p["annotations"] for p in leases.patches] == ([patch] if patch else [])
     assert all(p["resourceVersion"] == "7" for p in leases.patches)

@@ -22,14 +22,16 @@ def test_the_cache_is_attached_from_exactly_the_registered_indexes() -> None:
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     ids = [h.id for h in registry._indexing.get_all_handlers()]
-    attach = next(h for h in registry._activities.get_all_handlers()
-                  if h.id.endswith("attach_cache"))
+    attach = next(
+        h for h in registry._activities.get_all_handlers() if h.id.endswith("attach_cache")
+    )
     deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
     indexes = {name: {("team", name): ["value"]} for name in ids}
     attach.fn(memo=deps, **indexes)
     assert deps.view is not None
-    assert {id(index) for index in vars(deps.view).values() if isinstance(index, dict)} == \
-        {id(index) for index in indexes.values()}
+    assert {id(index) for index in vars(deps.view).values() if isinstance(index, dict)} == {
+        id(index) for index in indexes.values()
+    }
 
 
 def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() -> None:
@@ -46,9 +48,14 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
     async def stop_a_deleted_job() -> bool:
         waiting = deps.wakes.waker(("team", "waiting"))
         deps.wakes.settled(("team", "waiting"), finished=False, waiting_for=shape)
-        await daemon.fn(name="deleted", namespace="team", stopped=True, memo=deps,
-                        logger=None, spec={"tpu": {"accelerator": shape[0],
-                                                   "topology": shape[1]}})
+        await daemon.fn(
+            name="deleted",
+            namespace="team",
+            stopped=True,
+            memo=deps,
+            logger=None,
+            spec={"tpu": {"accelerator": shape[0], "topology": shape[1]}},
+        )
         return waiting.is_set()
 
     assert asyncio.run(stop_a_deleted_job())
@@ -68,25 +75,32 @@ def test_no_handler_reads_the_diff_base_the_operator_does_not_keep() -> None:
     assert base.fetch(body=body) == base.build(body=body) == {}
 
 
-@pytest.mark.parametrize(("namespaces", "limit"), [
-    ((), WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
-    (("team-a",), WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
-    (("team-a", "team-b", "team-c"),
-     3 * WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
-    (("team-*",), 0),
-    (("team-a", "ml-[ab]"), 0),
-    (("team-a,team-b",), 0),
-    (("!kube-system",), 0),
-])
-def test_kopfs_connections_leave_every_watch_stream_one(namespaces: tuple[str, ...],
-                                                        limit: int) -> None:
+@pytest.mark.parametrize(
+    ("namespaces", "limit"),
+    [
+        ((), WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
+        (("team-a",), WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS),
+        (
+            ("team-a", "team-b", "team-c"),
+            3 * WATCHES_PER_SCOPE + KOPF_OWN_WATCHES + KOPF_REQUEST_CONNECTIONS,
+        ),
+        (("team-*",), 0),
+        (("team-a", "ml-[ab]"), 0),
+        (("team-a,team-b",), 0),
+        (("!kube-system",), 0),
+    ],
+)
+def test_kopfs_connections_leave_every_watch_stream_one(
+    namespaces: tuple[str, ...], limit: int
+) -> None:
     """Bounded where the watch streams are known; unbounded where patterns make them unknown."""
     assert kopf_connection_limit(namespaces) == limit
 
 
 @pytest.mark.parametrize("limit", [0, 7])
 def test_login_caps_kopfs_session_at_the_deps_connection_limit(
-        limit: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    limit: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The client library's credentials, in a session of at most `limit` connections; with
     no limit, kopf's own session (unbounded) from the same credentials."""
     import asyncio
@@ -100,14 +114,17 @@ def test_login_caps_kopfs_session_at_the_deps_connection_limit(
         "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443', "
         "insecure-skip-tls-verify: true}}]\n"
         "users: [{name: u, user: {token: secret-token}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
     # The client library reads $KUBECONFIG once, when imported.
-    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION",
-                        str(kubeconfig))
+    monkeypatch.setattr(
+        kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig)
+    )
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     # Loading a kubeconfig replaces the client library's process-wide default configuration.
-    monkeypatch.setattr(kubernetes.client.Configuration, "_default",
-                        kubernetes.client.Configuration._default)
+    monkeypatch.setattr(
+        kubernetes.client.Configuration, "_default", kubernetes.client.Configuration._default
+    )
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     login = next(h for h in registry._activities.get_all_handlers() if h.id.endswith("login"))
@@ -115,13 +132,16 @@ def test_login_caps_kopfs_session_at_the_deps_connection_limit(
     deps.kopf_connections = limit
 
     async def log_in() -> tuple[object, int | None, str | None]:
-        found = await login.fn(memo=deps, logger=logging.getLogger("test"),
-                               settings=kopf.OperatorSettings())
+        found = await login.fn(
+            memo=deps, logger=logging.getLogger("test"), settings=kopf.OperatorSettings()
+        )
         if not isinstance(found, kopf.AiohttpSession):
             return found, None, None
         session = found.aiohttp_session
-        seen = (session.connector.limit if session.connector else None,
-                session.headers.get("Authorization"))
+        seen = (
+            session.connector.limit if session.connector else None,
+            session.headers.get("Authorization"),
+        )
         await session.close()
         return found, *seen
 

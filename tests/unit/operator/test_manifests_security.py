@@ -17,8 +17,16 @@ from tpujob import manifests, pod_security
 from tpujob.api import InvalidJobError, parse_job
 
 # The volume types Pod Security `restricted` allows (pod-security-admission, restrictedVolumes).
-RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-                           "persistentVolumeClaim", "projected", "secret"}
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def restricted_violations(pod: dict[str, Any]) -> list[str]:
@@ -74,11 +82,17 @@ def test_default_trainer_pod_runs_as_the_reference_image_user_on_a_read_only_roo
     pod = pod_of()
     container = pod["spec"]["containers"][0]
     assert pod["spec"]["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-        "seccompProfile": {"type": "RuntimeDefault"}}
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert container["securityContext"] == {
-        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]}}
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def test_scratch_is_an_empty_dir_at_tmp_beside_the_checkpoint_claim() -> None:
@@ -91,13 +105,18 @@ def test_scratch_is_an_empty_dir_at_tmp_beside_the_checkpoint_claim() -> None:
     assert restricted_violations(pod) == []
 
 
-@pytest.mark.parametrize(("security", "violation"), [
-    ({"allowRoot": True, "runAsUser": 0}, "runAsNonRoot not true"),
-    ({"addCapabilities": ["IPC_LOCK"]}, "adds capabilities ['IPC_LOCK']"),
-    ({"seccompProfile": "Unconfined"}, "seccomp Unconfined"),
-], ids=["root", "capability", "unconfined"])
+@pytest.mark.parametrize(
+    ("security", "violation"),
+    [
+        ({"allowRoot": True, "runAsUser": 0}, "runAsNonRoot not true"),
+        ({"addCapabilities": ["IPC_LOCK"]}, "adds capabilities ['IPC_LOCK']"),
+        ({"seccompProfile": "Unconfined"}, "seccomp Unconfined"),
+    ],
+    ids=["root", "capability", "unconfined"],
+)
 def test_relaxing_security_is_carried_to_the_pod_for_the_namespace_to_judge(
-        security: dict[str, Any], violation: str) -> None:
+    security: dict[str, Any], violation: str
+) -> None:
     pod = pod_of(trainer=trainer(security))
     assert [v for v in restricted_violations(pod) if violation in v]
 
@@ -113,11 +132,15 @@ def test_a_host_path_volume_is_not_restricted() -> None:
     assert restricted_violations(pod) == ["volume checkpoints: ['hostPath']"]
 
 
-@pytest.mark.parametrize(("security", "message"), [
-    ({"runAsUser": 0}, "set allowRoot"),
-    ({"addCapabilities": ["cap_sys_admin"]}, "addCapabilities"),
-    ({"seccompProfile": "Localhost"}, "seccompProfile"),
-], ids=["root-without-allow-root", "lower-case-capability", "localhost-seccomp"])
+@pytest.mark.parametrize(
+    ("security", "message"),
+    [
+        ({"runAsUser": 0}, "set allowRoot"),
+        ({"addCapabilities": ["cap_sys_admin"]}, "addCapabilities"),
+        ({"seccompProfile": "Localhost"}, "seccompProfile"),
+    ],
+    ids=["root-without-allow-root", "lower-case-capability", "localhost-seccomp"],
+)
 def test_security_the_api_refuses(security: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidJobError, match=message):
         parse_job(job_body(trainer=trainer(security)))
@@ -145,10 +168,14 @@ HOSTPATH_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "prefixes", "allowed"), HOSTPATH_CASES,
-                         ids=[f"{p}-under-{','.join(x)}" for p, x, _ in HOSTPATH_CASES])
+@pytest.mark.parametrize(
+    ("path", "prefixes", "allowed"),
+    HOSTPATH_CASES,
+    ids=[f"{p}-under-{','.join(x)}" for p, x, _ in HOSTPATH_CASES],
+)
 def test_host_path_is_allowed_only_under_a_configured_prefix(
-        path: str, prefixes: list[str], allowed: bool) -> None:
+    path: str, prefixes: list[str], allowed: bool
+) -> None:
     assert pod_security.hostpath_allowed(path, prefixes) is allowed
 
 
@@ -161,8 +188,9 @@ def test_the_trainers_memory_is_its_request_and_its_limit() -> None:
 
 
 @pytest.mark.parametrize(("slices", "projected"), [(1, False), (2, True)])
-def test_only_a_multislice_jobs_pods_get_the_rejoin_order_file(slices: int,
-                                                                projected: bool) -> None:
+def test_only_a_multislice_jobs_pods_get_the_rejoin_order_file(
+    slices: int, projected: bool
+) -> None:
     from tpujob import contract
 
     pod = pod_of(slices=slices)

@@ -11,7 +11,8 @@ from tpujob import native_memory
 
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux") or native_memory._glibc() is None,
-    reason="mallopt and malloc_trim are glibc's")
+    reason="mallopt and malloc_trim are glibc's",
+)
 
 
 def resident_kib() -> int:

@@ -31,8 +31,9 @@ def beat(*, rejoins: bool = True, attempt: int = 1) -> dict[str, Any]:
 
 def gang(job: dict[str, Any], attempt: int = 1, **faults: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod of a two-slice job; `faults` maps "s-w" to pod() keyword args."""
-    return [pod(job, attempt, s, w, **faults.get(f"{s}-{w}", {}))
-            for s in range(2) for w in range(2)]
+    return [
+        pod(job, attempt, s, w, **faults.get(f"{s}-{w}", {})) for s in range(2) for w in range(2)
+    ]
 
 
 def killed(finished: float = 10) -> dict[str, Any]:
@@ -47,33 +48,87 @@ def kept(result: Plan) -> list[tuple[int, int]]:
     return [(k.slice, k.pods_attempt) for k in result.status.current_attempt.kept_slices]
 
 
-@pytest.mark.parametrize(("case", "faults", "body", "settings", "want_kept", "want_deleted"), [
-    ("a worker of slice 1 killed", {"1-0": killed()}, beat(), PlannerSettings(),
-     [(0, 1)], ["train-1-1-1"]),
-    ("a worker of slice 0 killed: the coordinator's slice is not replaced under kept ones",
-     {"0-1": killed()}, beat(), PlannerSettings(), [], ["train-1-0-0", "train-1-1-0",
-                                                       "train-1-1-1"]),
-    ("trainers that cannot rejoin", {"1-0": killed()}, beat(rejoins=False), PlannerSettings(),
-     [], ["train-1-0-0", "train-1-0-1", "train-1-1-1"]),
-    ("no heartbeat yet", {"1-0": killed()}, None, PlannerSettings(),
-     [], ["train-1-0-0", "train-1-0-1", "train-1-1-1"]),
-    ("slice restarts turned off", {"1-0": killed()}, beat(),
-     PlannerSettings(slice_restarts=False), [], ["train-1-0-0", "train-1-0-1", "train-1-1-1"]),
-    ("a medium failure (the timeout changes)",
-     {"1-0": {"phase": "Failed", "exit_code": 31, "finished": 10}}, beat(), PlannerSettings(),
-     [], ["train-1-0-0", "train-1-0-1", "train-1-1-1"]),
-    ("both slices failed", {"0-0": killed(), "1-0": killed(11)}, beat(), PlannerSettings(),
-     [], ["train-1-0-1", "train-1-1-1"]),
-    ("the other slice's pod is being deleted", {"1-0": killed(), "0-1": {"deleting": 5}},
-     beat(), PlannerSettings(), [], ["train-1-0-0", "train-1-1-1"]),
-], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("case", "faults", "body", "settings", "want_kept", "want_deleted"),
+    [
+        (
+            "a worker of slice 1 killed",
+            {"1-0": killed()},
+            beat(),
+            PlannerSettings(),
+            [(0, 1)],
+            ["train-1-1-1"],
+        ),
+        (
+            "a worker of slice 0 killed: the coordinator's slice is not replaced under kept ones",
+            {"0-1": killed()},
+            beat(),
+            PlannerSettings(),
+            [],
+            ["train-1-0-0", "train-1-1-0", "train-1-1-1"],
+        ),
+        (
+            "trainers that cannot rejoin",
+            {"1-0": killed()},
+            beat(rejoins=False),
+            PlannerSettings(),
+            [],
+            ["train-1-0-0", "train-1-0-1", "train-1-1-1"],
+        ),
+        (
+            "no heartbeat yet",
+            {"1-0": killed()},
+            None,
+            PlannerSettings(),
+            [],
+            ["train-1-0-0", "train-1-0-1", "train-1-1-1"],
+        ),
+        (
+            "slice restarts turned off",
+            {"1-0": killed()},
+            beat(),
+            PlannerSettings(slice_restarts=False),
+            [],
+            ["train-1-0-0", "train-1-0-1", "train-1-1-1"],
+        ),
+        (
+            "a medium failure (the timeout changes)",
+            {"1-0": {"phase": "Failed", "exit_code": 31, "finished": 10}},
+            beat(),
+            PlannerSettings(),
+            [],
+            ["train-1-0-0", "train-1-0-1", "train-1-1-1"],
+        ),
+        (
+            "both slices failed",
+            {"0-0": killed(), "1-0": killed(11)},
+            beat(),
+            PlannerSettings(),
+            [],
+            ["train-1-0-1", "train-1-1-1"],
+        ),
+        (
+            "the other slice's pod is being deleted",
+            {"1-0": killed(), "0-1": {"deleting": 5}},
+            beat(),
+            PlannerSettings(),
+            [],
+            ["train-1-0-0", "train-1-1-1"],
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 def test_a_failure_of_one_slice_keeps_the_healthy_slices_when_their_trainers_can_rejoin(
-        case: str, faults: dict[str, dict[str, Any]], body: dict[str, Any] | None, *,
-        settings: PlannerSettings, want_kept: list[tuple[int, int]],
-        want_deleted: list[str]) -> None:
+    case: str,
+    faults: dict[str, dict[str, Any]],
+    body: dict[str, Any] | None,
+    *,
+    settings: PlannerSettings,
+    want_kept: list[tuple[int, int]],
+    want_deleted: list[str],
+) -> None:
     job = job_body(slices=2, status=running_status(pools=TWO_SLICES))
-    result = plan(observed(job, gang(job, **faults), heartbeat=body), now=at(13),
-                  settings=settings)
+    result = plan(observed(job, gang(job, **faults), heartbeat=body), now=at(13), settings=settings)
     assert result.status.attempt == 2, case
     assert kept(result) == want_kept
     assert deleted(result) == want_deleted
@@ -81,8 +136,7 @@ def test_a_failure_of_one_slice_keeps_the_healthy_slices_when_their_trainers_can
 
 def test_a_lost_node_moves_its_slice_and_keeps_the_other() -> None:
     job = job_body(slices=2, status=running_status(pools=TWO_SLICES))
-    nodes = cluster(3, **{"pool-1-w1": {"ready": "Unknown",
-                                        "taints": (labels.UNREACHABLE_TAINT,)}})
+    nodes = cluster(3, **{"pool-1-w1": {"ready": "Unknown", "taints": (labels.UNREACHABLE_TAINT,)}})
     result = plan(observed(job, gang(job), nodes=nodes, heartbeat=beat()), now=at(20))
     assert result.status.restarts.hard == 1
     assert kept(result) == [(0, 1)]
@@ -94,31 +148,43 @@ def test_a_lost_node_moves_its_slice_and_keeps_the_other() -> None:
 
 def restarted(kept_slice: int, *, launched: bool = False, **extra: Any) -> dict[str, Any]:
     """Attempt 2 after slice `1 - kept_slice` failed: slice `kept_slice` kept from attempt 1."""
-    current: dict[str, Any] = {"placement": [{"slice": 0, "nodePool": "pool-0"},
-                                             {"slice": 1, "nodePool": "pool-1"}],
-                               "keptSlices": [{"slice": kept_slice, "podsAttempt": 1}]}
+    current: dict[str, Any] = {
+        "placement": [{"slice": 0, "nodePool": "pool-0"}, {"slice": 1, "nodePool": "pool-1"}],
+        "keptSlices": [{"slice": kept_slice, "podsAttempt": 1}],
+    }
     if launched:
         current["launchedTime"] = iso(at(14))
-    return {"phase": "Recovering", "attempt": 2, "startTime": iso(at(0)),
-            "restarts": {"soft": 1, "total": 1}, "currentAttempt": current, **extra}
+    return {
+        "phase": "Recovering",
+        "attempt": 2,
+        "startTime": iso(at(0)),
+        "restarts": {"soft": 1, "total": 1},
+        "currentAttempt": current,
+        **extra,
+    }
 
 
 def env_of(manifest: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in manifest["spec"]["containers"][0]["env"]}
 
 
-@pytest.mark.parametrize(("kept_slice", "coordinator"), [
-    (0, "train-1-0-0.train.team.svc.cluster.local"),
-    (1, "train-2-0-0.train.team.svc.cluster.local"),
-])
+@pytest.mark.parametrize(
+    ("kept_slice", "coordinator"),
+    [
+        (0, "train-1-0-0.train.team.svc.cluster.local"),
+        (1, "train-2-0-0.train.team.svc.cluster.local"),
+    ],
+)
 def test_kept_pods_rejoin_after_the_fence_and_only_the_failed_slice_gets_new_pods(
-        kept_slice: int, coordinator: str) -> None:
+    kept_slice: int, coordinator: str
+) -> None:
     job = job_body(slices=2, status=restarted(kept_slice))
     pods = [pod(job, 1, kept_slice, w) for w in range(2)]
     result = plan(observed(job, pods, heartbeat=beat()), now=at(14))
     assert result.fence_attempt == 2
-    assert sorted(r.name for r in result.rejoin_pods) == [f"train-1-{kept_slice}-{w}"
-                                                         for w in range(2)]
+    assert sorted(r.name for r in result.rejoin_pods) == [
+        f"train-1-{kept_slice}-{w}" for w in range(2)
+    ]
     order = contract.parse_rejoin(result.rejoin_pods[0].order)
     assert order == contract.Rejoin(attempt=2, coordinator=coordinator)
     new = [o for o in result.create if o["kind"] == "Pod"]
@@ -141,8 +207,7 @@ def test_kept_pods_rejoin_while_the_replaced_slices_old_pods_still_terminate() -
     assert result.status.current_attempt.launched_time is None
 
 
-def rejoined(job: dict[str, Any], slice_index: int, worker: int, **kwargs: Any,
-             ) -> dict[str, Any]:
+def rejoined(job: dict[str, Any], slice_index: int, worker: int, **kwargs: Any) -> dict[str, Any]:
     """A pod of attempt 1 told to rejoin attempt 2 (its label moved, its name kept)."""
     manifest = pod(job, 1, slice_index, worker, **kwargs)
     manifest["metadata"]["labels"][labels.ATTEMPT] = "2"
@@ -161,8 +226,12 @@ def test_once_launched_kept_pods_count_as_the_attempts_own_and_are_not_told_agai
 
 def test_a_slice_kept_twice_keeps_the_names_of_the_attempt_that_made_its_pods() -> None:
     job = job_body(slices=2, status=restarted(0, launched=True))
-    pods = [rejoined(job, 0, 0), rejoined(job, 0, 1), pod(job, 2, 1, 0),
-            pod(job, 2, 1, 1, phase="Failed", exit_code=137)]
+    pods = [
+        rejoined(job, 0, 0),
+        rejoined(job, 0, 1),
+        pod(job, 2, 1, 0),
+        pod(job, 2, 1, 1, phase="Failed", exit_code=137),
+    ]
     result = plan(observed(job, pods, heartbeat=beat(attempt=2)), now=at(20))
     assert result.status.attempt == 3
     assert result.status.last_failure is not None
@@ -173,8 +242,12 @@ def test_a_slice_kept_twice_keeps_the_names_of_the_attempt_that_made_its_pods() 
 
 def test_a_kept_pod_that_rejoined_and_then_failed_is_the_new_attempts_failure() -> None:
     job = job_body(slices=2, status=restarted(0, launched=True))
-    pods = [rejoined(job, 0, 0), rejoined(job, 0, 1, phase="Failed", exit_code=137),
-            pod(job, 2, 1, 0), pod(job, 2, 1, 1)]
+    pods = [
+        rejoined(job, 0, 0),
+        rejoined(job, 0, 1, phase="Failed", exit_code=137),
+        pod(job, 2, 1, 0),
+        pod(job, 2, 1, 1),
+    ]
     result = plan(observed(job, pods, heartbeat=beat(attempt=2)), now=at(20))
     assert result.status.attempt == 3
     assert result.status.last_failure is not None

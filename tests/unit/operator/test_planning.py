@@ -41,8 +41,14 @@ def test_new_job_gets_attempt_one_on_a_free_healthy_pool() -> None:
 
 
 def test_planned_attempt_launches_its_pods_with_the_gke_environment() -> None:
-    job = job_body(status={"phase": "Starting", "attempt": 1, "startTime": "2026-01-01T12:00:00Z",
-                           "currentAttempt": {"placement": [{"slice": 0, "nodePool": "pool-1"}]}})
+    job = job_body(
+        status={
+            "phase": "Starting",
+            "attempt": 1,
+            "startTime": "2026-01-01T12:00:00Z",
+            "currentAttempt": {"placement": [{"slice": 0, "nodePool": "pool-1"}]},
+        }
+    )
     result = plan(observed(job), now=at(1))
     pods = [o for o in result.create if o["kind"] == "Pod"]
     assert [p["metadata"]["name"] for p in pods] == ["train-1-0-0", "train-1-0-1"]
@@ -62,9 +68,19 @@ def test_planned_attempt_launches_its_pods_with_the_gke_environment() -> None:
 
 def test_killed_worker_is_a_soft_restart_in_place() -> None:
     job = job_body(status=running_status())
-    pods = [pod(job, 1, 0, 0, phase="Failed", exit_code=1, finished=12,
-                message="Gloo all-reduce failed: Connection closed by peer"),
-            pod(job, 1, 0, 1, phase="Failed", exit_code=137, finished=10)]
+    pods = [
+        pod(
+            job,
+            1,
+            0,
+            0,
+            phase="Failed",
+            exit_code=1,
+            finished=12,
+            message="Gloo all-reduce failed: Connection closed by peer",
+        ),
+        pod(job, 1, 0, 1, phase="Failed", exit_code=137, finished=10),
+    ]
     result = plan(observed(job, pods), now=at(13))
     assert result.status.attempt == 2
     assert result.status.restarts.soft == 1
@@ -90,8 +106,7 @@ def test_shape_mismatch_fails_the_job_at_once_with_advice() -> None:
 
 def test_lost_node_is_a_hard_restart_that_marks_the_node_and_moves_the_slice() -> None:
     job = job_body(status=running_status())
-    nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown",
-                                        "taints": (labels.UNREACHABLE_TAINT,)}})
+    nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown", "taints": (labels.UNREACHABLE_TAINT,)}})
     result = plan(observed(job, two_workers(job), nodes=nodes), now=at(20))
     assert result.status.restarts.hard == 1
     assert [n.name for n in result.status.failed_nodes] == ["pool-0-w1"]
@@ -102,8 +117,9 @@ def test_lost_node_is_a_hard_restart_that_marks_the_node_and_moves_the_slice() -
 
 
 def test_a_second_lost_node_exceeds_the_failed_node_budget() -> None:
-    job = job_body(status={**running_status(pools=("pool-1",)),
-                           "failedNodes": [{"name": "pool-0-w1"}]})
+    job = job_body(
+        status={**running_status(pools=("pool-1",)), "failedNodes": [{"name": "pool-0-w1"}]}
+    )
     nodes = cluster(3, **{"pool-1-w0": {"ready": "Unknown"}})
     pods = [pod(job, 1, 0, 0, node_name="pool-1-w0"), pod(job, 1, 0, 1, node_name="pool-1-w1")]
     result = plan(observed(job, pods, nodes=nodes), now=at(20))
@@ -133,16 +149,17 @@ def test_maintenance_restarts_gracefully_elsewhere_without_blaming_the_node() ->
 
 def test_medium_failure_waits_its_backoff_before_launching() -> None:
     job = job_body(status=running_status(), recovery={"backoff": {"initialSeconds": 8}})
-    message = trainer_message(contract.ExitCode.COORDINATION_TIMEOUT,
-                              "DEADLINE_EXCEEDED: barrier timed out")
-    result = plan(observed(job, two_workers(job, phase="Failed", exit_code=31,
-                                            message=message)), now=at(20))
+    message = trainer_message(
+        contract.ExitCode.COORDINATION_TIMEOUT, "DEADLINE_EXCEEDED: barrier timed out"
+    )
+    result = plan(
+        observed(job, two_workers(job, phase="Failed", exit_code=31, message=message)), now=at(20)
+    )
     current = result.status.current_attempt
     assert result.status.restarts.medium == 1
     assert current.not_before == at(28)
     assert current.collective_timeout_seconds == 120
-    later = job_body(status=result.status.model_dump(mode="json", by_alias=True,
-                                                     exclude_none=True))
+    later = job_body(status=result.status.model_dump(mode="json", by_alias=True, exclude_none=True))
     waiting = plan(observed(later), now=at(25))
     assert not any(o["kind"] == "Pod" for o in waiting.create)
     assert waiting.requeue_after == pytest.approx(3.0)
@@ -153,8 +170,9 @@ def test_medium_failure_waits_its_backoff_before_launching() -> None:
 
 
 def test_restart_budget_spent_fails_the_job_naming_the_budget() -> None:
-    job = job_body(status={**running_status(), "restarts": {"soft": 2}},
-                   recovery={"maxSoftRestarts": 2})
+    job = job_body(
+        status={**running_status(), "restarts": {"soft": 2}}, recovery={"maxSoftRestarts": 2}
+    )
     pods = two_workers(job, phase="Failed", exit_code=137)
     result = plan(observed(job, pods), now=at(20))
     assert result.status.phase is Phase.FAILED
@@ -171,17 +189,24 @@ def test_auto_recovery_off_diagnoses_and_fails() -> None:
 
 
 def test_same_failure_at_the_same_step_twice_is_escalated_to_fatal() -> None:
-    message = trainer_message(contract.ExitCode.UNKNOWN_ERROR,
-                              "XlaRuntimeError: INTERNAL: something odd happened", step=30)
+    message = trainer_message(
+        contract.ExitCode.UNKNOWN_ERROR,
+        "XlaRuntimeError: INTERNAL: something odd happened",
+        step=30,
+    )
     first_job = job_body(status=running_status())
-    first = plan(observed(first_job, two_workers(first_job, phase="Failed", exit_code=1,
-                                                 message=message)), now=at(20))
+    first = plan(
+        observed(first_job, two_workers(first_job, phase="Failed", exit_code=1, message=message)),
+        now=at(20),
+    )
     assert first.status.phase is Phase.RECOVERING
     second_status = first.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     second_status["currentAttempt"]["launchedTime"] = "2026-01-01T12:00:30Z"
     second_job = job_body(status=second_status)
-    pods = [pod(second_job, 2, 0, 0), pod(second_job, 2, 0, 1, phase="Failed", exit_code=1,
-                                          message=message)]
+    pods = [
+        pod(second_job, 2, 0, 0),
+        pod(second_job, 2, 0, 1, phase="Failed", exit_code=1, message=message),
+    ]
     second = plan(observed(second_job, pods), now=at(60))
     assert second.status.phase is Phase.FAILED
     assert second.status.last_failure is not None
@@ -205,8 +230,7 @@ def test_heartbeat_of_the_new_attempt_records_resumption_and_recovery_time() -> 
     status["currentAttempt"]["recoveringSince"] = "2026-01-01T12:00:05Z"
     job = job_body(status=status)
     pods = [pod(job, 2, 0, 0), pod(job, 2, 0, 1)]
-    result = plan(observed(job, pods, heartbeat=lease(renewed=14, step=31, attempt=2)),
-                  now=at(15))
+    result = plan(observed(job, pods, heartbeat=lease(renewed=14, step=31, attempt=2)), now=at(15))
     assert result.recovery_seconds == pytest.approx(10.0)
     assert result.status.phase is Phase.RUNNING
     assert result.status.current_attempt.resumed_step == 31
@@ -216,8 +240,12 @@ def test_heartbeat_of_the_new_attempt_records_resumption_and_recovery_time() -> 
 
 
 def test_pods_of_old_attempts_are_deleted_and_forced_when_stuck_on_a_lost_node() -> None:
-    job = job_body(status={**running_status(attempt=2), "currentAttempt": {
-        "placement": [{"slice": 0, "nodePool": "pool-1"}]}})
+    job = job_body(
+        status={
+            **running_status(attempt=2),
+            "currentAttempt": {"placement": [{"slice": 0, "nodePool": "pool-1"}]},
+        }
+    )
     nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown"}})
     old = [pod(job, 1, 0, 0, phase="Failed"), pod(job, 1, 0, 1, deleting=5)]
     soon = plan(observed(job, old, nodes=nodes), now=at(8))
@@ -226,17 +254,21 @@ def test_pods_of_old_attempts_are_deleted_and_forced_when_stuck_on_a_lost_node()
     stuck = plan(observed(job, old, nodes=nodes), now=at(20))
     assert deleted(stuck)["train-1-0-1"] == 0
     # Still in the cache a reconcile later: forced again, told in the timeline once.
-    later = job_body(status=stuck.status.model_dump(mode="json", by_alias=True,
-                                                    exclude_none=True))
+    later = job_body(status=stuck.status.model_dump(mode="json", by_alias=True, exclude_none=True))
     again = plan(observed(later, old, nodes=nodes), now=at(25))
     assert deleted(again)["train-1-0-1"] == 0
-    assert [e.message for e in again.status.timeline if e.kind == "ForceDeleted"] == \
-        ["pod train-1-0-1 was stuck terminating on pool-0-w1"]
+    assert [e.message for e in again.status.timeline if e.kind == "ForceDeleted"] == [
+        "pod train-1-0-1 was stuck terminating on pool-0-w1"
+    ]
 
 
 def test_live_old_pods_on_healthy_nodes_block_the_next_attempt() -> None:
-    job = job_body(status={**running_status(attempt=2), "currentAttempt": {
-        "placement": [{"slice": 0, "nodePool": "pool-0"}], "graceful": True}})
+    job = job_body(
+        status={
+            **running_status(attempt=2),
+            "currentAttempt": {"placement": [{"slice": 0, "nodePool": "pool-0"}], "graceful": True},
+        }
+    )
     old = [pod(job, 1, 0, 0, deleting=5), pod(job, 1, 0, 1)]
     result = plan(observed(job, old), now=at(8))
     assert not any(o["kind"] == "Pod" for o in result.create)
@@ -263,8 +295,9 @@ def test_suspend_stops_pods_and_resume_starts_a_new_attempt_without_counting() -
 
 
 def test_two_slice_job_losing_one_slice_moves_only_that_slice() -> None:
-    job = job_body(slices=2, status=running_status(pools=("pool-0", "pool-1")),
-                   recovery={"maxFailedNodes": 1})
+    job = job_body(
+        slices=2, status=running_status(pools=("pool-0", "pool-1")), recovery={"maxFailedNodes": 1}
+    )
     nodes = cluster(3, **{"pool-1-w0": {"ready": "Unknown"}})
     pods = [pod(job, 1, s, w) for s in range(2) for w in range(2)]
     result = plan(observed(job, pods, nodes=nodes), now=at(20))
@@ -282,10 +315,13 @@ def test_finished_job_is_deleted_after_its_ttl() -> None:
 
 def test_a_peer_lost_echo_waits_briefly_for_the_root_cause() -> None:
     job = job_body(status=running_status())
-    echo = trainer_message(contract.ExitCode.COLLECTIVE_FAILURE,
-                           "Gloo all-reduce failed: Connection closed by peer")
-    pods = [pod(job, 1, 0, 0, phase="Failed", exit_code=30, message=echo, finished=10),
-            pod(job, 1, 0, 1)]
+    echo = trainer_message(
+        contract.ExitCode.COLLECTIVE_FAILURE, "Gloo all-reduce failed: Connection closed by peer"
+    )
+    pods = [
+        pod(job, 1, 0, 0, phase="Failed", exit_code=30, message=echo, finished=10),
+        pod(job, 1, 0, 1),
+    ]
     waiting = plan(observed(job, pods), now=at(11))
     assert waiting.status.attempt == 1
     assert waiting.requeue_after == pytest.approx(2.0)
@@ -309,8 +345,10 @@ def test_start_up_gets_longer_than_a_stall_before_the_first_beat() -> None:
 
 
 def test_a_missing_pod_is_recreated_wired_like_its_attempt() -> None:
-    status = {**running_status(attempt=2, pools=("pool-1",)),
-              "failedNodes": [{"name": "pool-0-w1"}]}
+    status = {
+        **running_status(attempt=2, pools=("pool-1",)),
+        "failedNodes": [{"name": "pool-0-w1"}],
+    }
     status["currentAttempt"]["collectiveTimeoutSeconds"] = 120
     job = job_body(status=status)
     result = plan(observed(job, [pod(job, 2, 0, 0, node_name="pool-1-w0")]), now=at(5))
@@ -327,40 +365,60 @@ def test_a_missing_pod_is_recreated_wired_like_its_attempt() -> None:
 def test_a_failure_before_the_new_attempts_first_beat_is_not_a_repeat_at_the_old_step() -> None:
     # The Lease still carries attempt 1's last step while attempt 2 restores: a failure then
     # has no step of its own and must not match attempt 1's failure at that step.
-    log = trainer_message(contract.ExitCode.UNKNOWN_ERROR,
-                          "XlaRuntimeError: INTERNAL: something odd happened", step=None)
+    log = trainer_message(
+        contract.ExitCode.UNKNOWN_ERROR,
+        "XlaRuntimeError: INTERNAL: something odd happened",
+        step=None,
+    )
     first_job = job_body(status=running_status(progress={"step": 30}))
     stale_beat = lease(renewed=15, step=30, attempt=1)
-    first = plan(observed(first_job, two_workers(first_job, phase="Failed", exit_code=1,
-                                                 message=log), heartbeat=stale_beat), now=at(20))
+    first = plan(
+        observed(
+            first_job,
+            two_workers(first_job, phase="Failed", exit_code=1, message=log),
+            heartbeat=stale_beat,
+        ),
+        now=at(20),
+    )
     assert first.status.phase is Phase.RECOVERING
     assert first.status.last_failure is not None
     second_status = first.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     second_status["currentAttempt"]["launchedTime"] = "2026-01-01T12:00:30Z"
     second_job = job_body(status=second_status)
-    pods = [pod(second_job, 2, 0, 0), pod(second_job, 2, 0, 1, phase="Failed", exit_code=1,
-                                          message=log)]
+    pods = [
+        pod(second_job, 2, 0, 0),
+        pod(second_job, 2, 0, 1, phase="Failed", exit_code=1, message=log),
+    ]
     second = plan(observed(second_job, pods, heartbeat=stale_beat), now=at(60))
     assert second.status.phase is Phase.RECOVERING, second.status.last_failure
     assert second.status.attempt == 3
 
 
-@pytest.mark.parametrize(("taints", "marked", "mark_planned", "marked_after"), [
-    ((), None, True, None),                          # decided, but the mark was lost: redo it
-    ((labels.BAD_NODE_TAINT,), None, False, True),  # seen marked: record it, do nothing
-    ((), True, False, True),                         # marked once, cleared by an admin: leave it
-], ids=["mark-lost", "mark-seen", "admin-cleared"])
+@pytest.mark.parametrize(
+    ("taints", "marked", "mark_planned", "marked_after"),
+    [
+        ((), None, True, None),  # decided, but the mark was lost: redo it
+        ((labels.BAD_NODE_TAINT,), None, False, True),  # seen marked: record it, do nothing
+        ((), True, False, True),  # marked once, cleared by an admin: leave it
+    ],
+    ids=["mark-lost", "mark-seen", "admin-cleared"],
+)
 def test_a_blamed_nodes_mark_is_journaled_until_seen(
-        taints: tuple[str, ...], marked: bool | None, mark_planned: bool,
-        marked_after: bool | None) -> None:
+    taints: tuple[str, ...], marked: bool | None, mark_planned: bool, marked_after: bool | None
+) -> None:
     failed = {"name": "pool-0-w1", "time": "2026-01-01T12:00:05Z", "code": "NODE_LOST"}
     if marked is not None:
         failed["marked"] = marked
     job = job_body(status=running_status(attempt=2, pools=("pool-1",), failedNodes=[failed]))
     nodes = cluster(**{"pool-0-w1": {"taints": taints}})
-    result = plan(observed(job, [pod(job, 2, 0, 0, node_name="pool-1-w0"),
-                                 pod(job, 2, 0, 1, node_name="pool-1-w1")], nodes=nodes),
-                  now=at(30))
+    result = plan(
+        observed(
+            job,
+            [pod(job, 2, 0, 0, node_name="pool-1-w0"), pod(job, 2, 0, 1, node_name="pool-1-w1")],
+            nodes=nodes,
+        ),
+        now=at(30),
+    )
     assert [m.node for m in result.mark_nodes] == (["pool-0-w1"] if mark_planned else [])
     assert result.status.failed_nodes[0].marked is marked_after
 
@@ -379,15 +437,24 @@ def test_a_new_job_avoids_a_pool_with_host_maintenance_due_during_its_run() -> N
     assert notes and "maintenance" in notes[0]
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    (contract.HEARTBEAT_STEP, "-5"), (contract.HEARTBEAT_STEP, "1" + "0" * 30),
-    (contract.HEARTBEAT_STEP, "seven"), (contract.HEARTBEAT_STEPS_PER_SECOND, "nan"),
-    (contract.HEARTBEAT_STEPS_PER_SECOND, "inf"), (contract.HEARTBEAT_STEPS_PER_SECOND, "-2"),
-    (contract.HEARTBEAT_CHECKPOINT_STEP, "-1"), (contract.HEARTBEAT_ATTEMPT, "0"),
-    (contract.HEARTBEAT_TOTAL_STEPS, "0"),
-], ids=str)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (contract.HEARTBEAT_STEP, "-5"),
+        (contract.HEARTBEAT_STEP, "1" + "0" * 30),
+        (contract.HEARTBEAT_STEP, "seven"),
+        (contract.HEARTBEAT_STEPS_PER_SECOND, "nan"),
+        (contract.HEARTBEAT_STEPS_PER_SECOND, "inf"),
+        (contract.HEARTBEAT_STEPS_PER_SECOND, "-2"),
+        (contract.HEARTBEAT_CHECKPOINT_STEP, "-1"),
+        (contract.HEARTBEAT_ATTEMPT, "0"),
+        (contract.HEARTBEAT_TOTAL_STEPS, "0"),
+    ],
+    ids=str,
+)
 def test_a_heartbeat_number_out_of_range_is_absent_evidence_not_a_crash(
-        key: str, value: str) -> None:
+    key: str, value: str
+) -> None:
     job = job_body(status=running_status())
     beat = lease(renewed=10, step=40)
     beat["metadata"]["annotations"][key] = value
@@ -398,22 +465,30 @@ def test_a_heartbeat_number_out_of_range_is_absent_evidence_not_a_crash(
     assert parse_status(status) == result.status  # what the API would accept back
     seen = observed(job, two_workers(job), heartbeat=beat).heartbeat
     assert seen is not None
-    fields = {contract.HEARTBEAT_STEP: seen.step, contract.HEARTBEAT_ATTEMPT: seen.attempt,
-              contract.HEARTBEAT_STEPS_PER_SECOND: seen.steps_per_second,
-              contract.HEARTBEAT_CHECKPOINT_STEP: seen.checkpoint_step,
-              contract.HEARTBEAT_TOTAL_STEPS: seen.total_steps}
+    fields = {
+        contract.HEARTBEAT_STEP: seen.step,
+        contract.HEARTBEAT_ATTEMPT: seen.attempt,
+        contract.HEARTBEAT_STEPS_PER_SECOND: seen.steps_per_second,
+        contract.HEARTBEAT_CHECKPOINT_STEP: seen.checkpoint_step,
+        contract.HEARTBEAT_TOTAL_STEPS: seen.total_steps,
+    }
     assert fields[key] is None
 
 
 def test_a_save_broken_by_a_killed_peer_blames_the_killed_peer() -> None:
     # Worker 1 is killed while the gang saves: worker 0's save fails in its collective, and
     # the trainer reports the save; the root is still the kill.
-    save = trainer_message(contract.ExitCode.CHECKPOINT_SAVE_FAILED,
-                           "saving step 20 failed: ValueError: UNKNOWN: Gloo AllGather failed: "
-                           "Read error [10.1.1.4]:6380: Connection reset by peer", step=20)
+    save = trainer_message(
+        contract.ExitCode.CHECKPOINT_SAVE_FAILED,
+        "saving step 20 failed: ValueError: UNKNOWN: Gloo AllGather failed: "
+        "Read error [10.1.1.4]:6380: Connection reset by peer",
+        step=20,
+    )
     job = job_body(status=running_status())
-    pods = [pod(job, 1, 0, 0, phase="Failed", exit_code=41, message=save, finished=9.0),
-            pod(job, 1, 0, 1, phase="Failed", exit_code=137, reason="Error", finished=10.0)]
+    pods = [
+        pod(job, 1, 0, 0, phase="Failed", exit_code=41, message=save, finished=9.0),
+        pod(job, 1, 0, 1, phase="Failed", exit_code=137, reason="Error", finished=10.0),
+    ]
     result = plan(observed(job, pods), now=at(20))
     assert result.diagnosis is not None
     assert result.diagnosis.root_worker == 1

@@ -28,13 +28,18 @@ def status_after(result: Plan) -> dict[str, Any]:
     return result.status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-@pytest.mark.parametrize(("offers", "expected"), [
-    (V4_16, ("True", "Offered")),
-    (V6E_ONLY, ("False", "NotOffered")),
-    ({}, None),  # the catalogue could not be read: it says nothing
-], ids=["offered", "offered-nowhere", "unreadable"])
+@pytest.mark.parametrize(
+    ("offers", "expected"),
+    [
+        (V4_16, ("True", "Offered")),
+        (V6E_ONLY, ("False", "NotOffered")),
+        ({}, None),  # the catalogue could not be read: it says nothing
+    ],
+    ids=["offered", "offered-nowhere", "unreadable"],
+)
 def test_the_catalogues_word_on_the_shape_is_a_condition(
-        offers: dict[str, tuple[Offer, ...]], expected: tuple[str, str] | None) -> None:
+    offers: dict[str, tuple[Offer, ...]], expected: tuple[str, str] | None
+) -> None:
     result = planned(job_body(status=running_status()), Catalogue(project="p", offers=offers))
     said = result.status.condition(ConditionType.SHAPE_OFFERED)
     assert (None if said is None else (str(said.status), said.reason)) == expected
@@ -52,8 +57,11 @@ def test_a_shape_offered_nowhere_is_told_once_as_a_warning_event() -> None:
     assert [e.type for e in told] == ["Warning"]
     assert "v4-16" in told[0].message and "us-east5-b" in told[0].message
     again = planned(job_body(status=status_after(first)), catalogue, now=30)
-    assert not [e for e in again.events
-                if e.reason == "ShapeNotOffered" and e.at is not None and e.at > at(1)]
+    assert not [
+        e
+        for e in again.events
+        if e.reason == "ShapeNotOffered" and e.at is not None and e.at > at(1)
+    ]
 
 
 def test_a_finished_job_is_not_judged_again() -> None:
@@ -69,17 +77,23 @@ def told_job(offers: dict[str, tuple[Offer, ...]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("offers", "warned"), [(V6E_ONLY, True), (V4_16, False)])
 def test_describe_repeats_the_operators_warning_without_a_catalogue_of_its_own(
-        offers: dict[str, tuple[Offer, ...]], warned: bool) -> None:
+    offers: dict[str, tuple[Offer, ...]], warned: bool
+) -> None:
     lines = describe_lines(parse_job(told_job(offers)), T0)
-    assert any("offered in none of the zones us-east5-b" in line
-               and "the operator's catalogue" in line for line in lines) is warned
+    assert (
+        any(
+            "offered in none of the zones us-east5-b" in line and "the operator's catalogue" in line
+            for line in lines
+        )
+        is warned
+    )
 
 
 @pytest.mark.parametrize(("offers", "level"), [(V6E_ONLY, Level.WARNING), (V4_16, Level.OK)])
 def test_doctor_without_a_catalogue_reports_what_the_operators_catalogue_said(
-        offers: dict[str, tuple[Offer, ...]], level: Level) -> None:
-    found = [f for f in examine(Snapshot(jobs=[told_job(offers)]))
-             if f.check is Check.CATALOGUE]
+    offers: dict[str, tuple[Offer, ...]], level: Level
+) -> None:
+    found = [f for f in examine(Snapshot(jobs=[told_job(offers)])) if f.check is Check.CATALOGUE]
     assert [(f.subject, f.level) for f in found] == [("job team/train", level)]
     assert all("the operator's catalogue" in f.message for f in found)
 

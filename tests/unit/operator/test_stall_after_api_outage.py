@@ -20,17 +20,26 @@ def stalled_at(now: float, *, reachable_since: datetime | None, own_beat: bool =
     return plan(obs, now=at(now)).status.attempt == 2
 
 
-@pytest.mark.parametrize(("now", "reachable_since", "hang"), [
-    (35, None, True),  # no record of the API: the whole age counts
-    (45, at(40), False),  # the API came back 5 s ago: the trainers have not had the chance
-    (59, at(40), False),
-    (61, at(40), True),  # a whole stall timeout since the API's return without a beat
-    (45, at(0), True),  # the API was there all along
-], ids=["no-record", "just-back", "within-timeout-of-return", "timeout-after-return",
-        "never-down"])
-def test_a_heartbeat_ages_only_while_the_api_is_reachable(now: float,
-                                                          reachable_since: datetime | None,
-                                                          hang: bool) -> None:
+@pytest.mark.parametrize(
+    ("now", "reachable_since", "hang"),
+    [
+        (35, None, True),  # no record of the API: the whole age counts
+        (45, at(40), False),  # the API came back 5 s ago: the trainers have not had the chance
+        (59, at(40), False),
+        (61, at(40), True),  # a whole stall timeout since the API's return without a beat
+        (45, at(0), True),  # the API was there all along
+    ],
+    ids=[
+        "no-record",
+        "just-back",
+        "within-timeout-of-return",
+        "timeout-after-return",
+        "never-down",
+    ],
+)
+def test_a_heartbeat_ages_only_while_the_api_is_reachable(
+    now: float, reachable_since: datetime | None, hang: bool
+) -> None:
     assert stalled_at(now, reachable_since=reachable_since) is hang
 
 

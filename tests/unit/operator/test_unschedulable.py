@@ -20,9 +20,18 @@ SAID_LATER = "0/101 nodes are available: 2 Insufficient google.com/tpu, 40 node(
 def unplaced(job: dict[str, Any], worker: int, message: str, since: float) -> dict[str, Any]:
     raw = pod(job, 1, 0, worker, phase="Pending")
     raw["spec"].pop("nodeName")
-    raw["status"] = {"phase": "Pending", "conditions": [{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": message, "lastTransitionTime": iso(at(since))}]}
+    raw["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": iso(at(since)),
+            }
+        ],
+    }
     return raw
 
 
@@ -35,11 +44,18 @@ def starting() -> dict[str, Any]:
     return job_body(status=running_status(phase=Phase.STARTING.value))
 
 
-@pytest.mark.parametrize(("waited", "told"), [
-    (1.0, False), (UNSCHEDULABLE_GRACE_SECONDS - 1, False), (UNSCHEDULABLE_GRACE_SECONDS, True),
-    (UNSCHEDULABLE_GRACE_SECONDS * 4, True)])
-def test_a_pod_is_said_unschedulable_once_it_has_waited_the_grace(waited: float,
-                                                                  told: bool) -> None:
+@pytest.mark.parametrize(
+    ("waited", "told"),
+    [
+        (1.0, False),
+        (UNSCHEDULABLE_GRACE_SECONDS - 1, False),
+        (UNSCHEDULABLE_GRACE_SECONDS, True),
+        (UNSCHEDULABLE_GRACE_SECONDS * 4, True),
+    ],
+)
+def test_a_pod_is_said_unschedulable_once_it_has_waited_the_grace(
+    waited: float, told: bool
+) -> None:
     result = planned(starting(), SAID, now=10 + waited)
     running = result.status.condition(ConditionType.RUNNING)
     said = running is not None and running.reason == "Unschedulable"
@@ -52,8 +68,8 @@ def test_a_pod_is_said_unschedulable_once_it_has_waited_the_grace(waited: float,
 
 def test_the_schedulers_changing_counts_for_the_same_pod_write_no_status() -> None:
     first = planned(starting(), SAID, now=40)
-    job = job_body(status=first.status.model_dump(mode="json", by_alias=True,
-                                                  exclude_none=True))
+    job = job_body(status=first.status.model_dump(mode="json", by_alias=True, exclude_none=True))
     later = planned(job, SAID_LATER, now=45)
     assert status_patch(later.status) == status_patch(first.status) | {
-        "goodputBreakdown": status_patch(later.status).get("goodputBreakdown")}
+        "goodputBreakdown": status_patch(later.status).get("goodputBreakdown")
+    }

@@ -32,13 +32,7 @@ from tpujob.local import network
 from tpujob.local.agent import nodes as nodeplan
 from tpujob.local.agent.lookups import ApiLookups
 from tpujob.local.agent.podrunner import PodRunner
-from tpujob.local.agent.runtime import (
-    PodRuntime,
-    pod_status,
-    restart_delay,
-    rfc3339,
-    tpu_devices,
-)
+from tpujob.local.agent.runtime import PodRuntime, pod_status, restart_delay, rfc3339, tpu_devices
 from tpujob.local.agent.sandbox import ApiEndpoint
 from tpujob.local.agent.services import ApiForwarder, LogServer
 from tpujob.local.controlplane import ClusterState
@@ -83,9 +77,15 @@ class Agent:
             raise SystemExit(f"no cluster state in {state_dir}")
         self.state_dir = state_dir
         self.state = state
-        self.nodes = {n.name: n for n in nodeplan.plan_nodes(
-            state.pools.pools, state.pools.accelerator, state.pools.topology,
-            state.pools.spare_nodes)}
+        self.nodes = {
+            n.name: n
+            for n in nodeplan.plan_nodes(
+                state.pools.pools,
+                state.pools.accelerator,
+                state.pools.topology,
+                state.pools.spare_nodes,
+            )
+        }
         self.kubeconfig = str(state_dir / "kubeconfig")
         self.api_client = config.new_client_from_config(config_file=self.kubeconfig)
         self.core = client.CoreV1Api(self.api_client)
@@ -99,12 +99,20 @@ class Agent:
         self.ready_since = {n: rfc3339(time.time()) for n in self.nodes}
         ca = CertificateAuthority(state_dir / "pki")
         self.ca_path = ca.cert_path
-        cert, key = ca.issue("agent-serving", "tpujob-local-agent", ips=("127.0.0.1",),
-                             dns_names=("localhost",), server=True)
+        cert, key = ca.issue(
+            "agent-serving",
+            "tpujob-local-agent",
+            ips=("127.0.0.1",),
+            dns_names=("localhost",),
+            server=True,
+        )
         self.log_server = LogServer(cert, key, ca.cert_path, self._find_log)
-        self.runner = PodRunner(state_dir / "agent", state.network,
-                                ApiEndpoint(state.network.gateway, API_PORT_IN_PODS),
-                                ApiLookups(self.core, ca.cert_path))
+        self.runner = PodRunner(
+            state_dir / "agent",
+            state.network,
+            ApiEndpoint(state.network.gateway, API_PORT_IN_PODS),
+            ApiLookups(self.core, ca.cert_path),
+        )
 
     # ----------------------------------------------------------------- start-up and shutdown
     def run(self) -> None:
@@ -114,8 +122,9 @@ class Agent:
 
         kill_leftover_pods(self.state_dir)
         network.create_bridge(self.state.network)
-        ApiForwarder(self.state.network.gateway, API_PORT_IN_PODS,
-                     self.state.apiserver_port).start()
+        ApiForwarder(
+            self.state.network.gateway, API_PORT_IN_PODS, self.state.apiserver_port
+        ).start()
         self.log_server.start()
         self._register_nodes()
         threading.Thread(target=self._heartbeats, name="heartbeats", daemon=True).start()
@@ -140,8 +149,10 @@ class Agent:
                     c.signal(signal.SIGTERM)
         deadline = time.time() + 5
         while time.time() < deadline and any(
-                c.running() and c.proc is not None and c.proc.poll() is None
-                for rt in self.runtimes.values() for c in rt.containers):
+            c.running() and c.proc is not None and c.proc.poll() is None
+            for rt in self.runtimes.values()
+            for c in rt.containers
+        ):
             time.sleep(0.1)
         for rt in self.runtimes.values():
             self.runner.remove(rt)
@@ -160,9 +171,13 @@ class Agent:
     # --------------------------------------------------------------------- node heartbeats
     def _post_node_status(self, name: str) -> None:
         status = nodeplan.node_status(
-            self.nodes[name], now=rfc3339(time.time()),
-            tpu_healthy=not self.faults[name].tpu_unhealthy, log_port=self.log_server.port,
-            ready_since=self.ready_since[name], ready=not self.faults[name].not_ready)
+            self.nodes[name],
+            now=rfc3339(time.time()),
+            tpu_healthy=not self.faults[name].tpu_unhealthy,
+            log_port=self.log_server.port,
+            ready_since=self.ready_since[name],
+            ready=not self.faults[name].not_ready,
+        )
         self.core.patch_node_status(name, {"status": status}, _content_type=MERGE_PATCH)
 
     def _renew_lease(self, name: str) -> None:
@@ -171,11 +186,15 @@ class Agent:
         # with isoformat, which drops them when the microseconds are zero.
         now = datetime.datetime.now(datetime.UTC)
         now = now.replace(microsecond=now.microsecond or 1)
-        body = {"spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS,
-                         "renewTime": now}}
+        body = {
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": now,
+            }
+        }
         try:
-            coord.patch_namespaced_lease(name, "kube-node-lease", body,
-                                         _content_type=MERGE_PATCH)
+            coord.patch_namespaced_lease(name, "kube-node-lease", body, _content_type=MERGE_PATCH)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -233,7 +252,9 @@ class Agent:
                 self.wake.set()
                 stream = watch.Watch().stream(
                     api.list_pod_for_all_namespaces,
-                    resource_version=listing.metadata.resource_version, timeout_seconds=120)
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=120,
+                )
                 for event in stream:
                     if self.stop.is_set():
                         return
@@ -259,8 +280,11 @@ class Agent:
                 continue  # a crashed or cut-off kubelet reports nothing and finishes nothing
             self._reconcile(pod, self.runtimes.get(uid), now)
         # A stopped kubelet does not see its pods deleted; once back, it kills what is gone.
-        for uid in [u for u, rt in self.runtimes.items()
-                    if u not in pods and not self.faults[rt.node].kubelet_stopped]:
+        for uid in [
+            u
+            for u, rt in self.runtimes.items()
+            if u not in pods and not self.faults[rt.node].kubelet_stopped
+        ]:
             rt = self.runtimes.pop(uid)  # deleted from the API (force-deleted, too)
             self.runner.remove(rt)
             self.posted.pop(uid, None)
@@ -335,8 +359,9 @@ class Agent:
 
     def _finish_deletion(self, pod: Mapping[str, Any]) -> None:
         meta = pod["metadata"]
-        body = client.V1DeleteOptions(grace_period_seconds=0,
-                                      preconditions=client.V1Preconditions(uid=meta["uid"]))
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
+        )
         try:
             self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body)
         except ApiException as err:
@@ -344,13 +369,19 @@ class Agent:
                 raise
 
     def _post_status(self, pod: Mapping[str, Any], rt: PodRuntime, now: float) -> None:
-        status = pod_status(rt, pod.get("status") or {}, now=now, tpu=tpu_devices(pod["spec"]),
-                            tpu_healthy=not self.faults[rt.node].tpu_unhealthy)
+        status = pod_status(
+            rt,
+            pod.get("status") or {},
+            now=now,
+            tpu=tpu_devices(pod["spec"]),
+            tpu_healthy=not self.faults[rt.node].tpu_unhealthy,
+        )
         if self.posted.get(rt.uid) == status:
             return
         try:
-            self.core.patch_namespaced_pod_status(rt.name, rt.namespace, {"status": status},
-                                                 _content_type=MERGE_PATCH)
+            self.core.patch_namespaced_pod_status(
+                rt.name, rt.namespace, {"status": status}, _content_type=MERGE_PATCH
+            )
         except ApiException as err:
             if err.status == 404:
                 return

@@ -44,13 +44,17 @@ def claim_path(namespace: str, claim_name: str, lookups: ClaimLookups) -> Path:
     ref = (volume.get("spec") or {}).get("claimRef") or {}
     meta = claim.get("metadata") or {}
     if (ref.get("namespace"), ref.get("name"), ref.get("uid")) != (
-            namespace, claim_name, meta.get("uid")):
+        namespace,
+        claim_name,
+        meta.get("uid"),
+    ):
         raise ClaimError(f'persistentvolume "{pv_name}" is not bound to claim "{claim_name}"')
     spec = volume.get("spec") or {}
     source = spec.get("hostPath") or spec.get("local")
     if not source or not str(source.get("path", "")).startswith("/"):
-        raise ClaimError(f'persistentvolume "{pv_name}": only hostPath and local volumes '
-                         "mount on the local node")
+        raise ClaimError(
+            f'persistentvolume "{pv_name}": only hostPath and local volumes mount on the local node'
+        )
     path = Path(source["path"])
     if not path.is_dir():
         raise ClaimError(f'persistentvolume "{pv_name}": {path} is not a directory')

@@ -33,8 +33,16 @@ class ApiLookups:
             raise
         return {k: base64.b64decode(v).decode(errors="replace") for k, v in data.items()}
 
-    def token(self, namespace: str, service_account: str, *, pod: str, pod_uid: str,
-              audiences: list[str], seconds: int) -> str:
+    def token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        pod: str,
+        pod_uid: str,
+        audiences: list[str],
+        seconds: int,
+    ) -> str:
         spec: dict[str, object] = {
             "expirationSeconds": max(600, seconds),
             "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid},
@@ -42,7 +50,8 @@ class ApiLookups:
         if audiences:
             spec["audiences"] = audiences
         result = self.core.create_namespaced_service_account_token(
-            service_account, namespace, {"spec": spec})
+            service_account, namespace, {"spec": spec}
+        )
         return str(result.status.token)
 
     def ca_cert(self) -> str:

@@ -49,17 +49,30 @@ def plan_nodes(pools: int, accelerator: str, topology: str, spare_nodes: int) ->
         pool = f"tpu-pool-{p}"
         for h in range(hosts):
             name = f"{pool}-w{h}"
-            nodes.append(NodeSpec(
-                name=name, pool=pool, tpu_chips=chips, taints=(TPU_TAINT,),
-                labels={
-                    LABEL_ACCELERATOR: accelerator, LABEL_TOPOLOGY: topology,
-                    LABEL_NODEPOOL: pool, LABEL_ACCELERATOR_COUNT: str(chips),
-                    "node.kubernetes.io/instance-type": _machine_type(chips),
-                },
-            ))
+            nodes.append(
+                NodeSpec(
+                    name=name,
+                    pool=pool,
+                    tpu_chips=chips,
+                    taints=(TPU_TAINT,),
+                    labels={
+                        LABEL_ACCELERATOR: accelerator,
+                        LABEL_TOPOLOGY: topology,
+                        LABEL_NODEPOOL: pool,
+                        LABEL_ACCELERATOR_COUNT: str(chips),
+                        "node.kubernetes.io/instance-type": _machine_type(chips),
+                    },
+                )
+            )
     for s in range(spare_nodes):
-        nodes.append(NodeSpec(name=f"cpu-pool-w{s}", pool="cpu-pool", tpu_chips=0,
-                              labels={LABEL_NODEPOOL: "cpu-pool"}))
+        nodes.append(
+            NodeSpec(
+                name=f"cpu-pool-w{s}",
+                pool="cpu-pool",
+                tpu_chips=0,
+                labels={LABEL_NODEPOOL: "cpu-pool"},
+            )
+        )
     return [_with_common_labels(n) for n in nodes]
 
 
@@ -68,23 +81,37 @@ def _machine_type(chips: int) -> str:
 
 
 def _with_common_labels(node: NodeSpec) -> NodeSpec:
-    labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux",
-              "kubernetes.io/arch": "amd64", LABEL_LOCAL: "true", **node.labels}
-    return NodeSpec(node.name, node.pool, node.tpu_chips, labels, node.taints, node.cpu,
-                    node.memory, node.pods)
+    labels = {
+        "kubernetes.io/hostname": node.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        LABEL_LOCAL: "true",
+        **node.labels,
+    }
+    return NodeSpec(
+        node.name, node.pool, node.tpu_chips, labels, node.taints, node.cpu, node.memory, node.pods
+    )
 
 
 def node_object(node: NodeSpec) -> dict[str, Any]:
     """The Node to create; status is posted separately, as a kubelet does."""
     return {
-        "apiVersion": "v1", "kind": "Node",
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {"name": node.name, "labels": dict(node.labels)},
         "spec": {"taints": [dict(t) for t in node.taints]},
     }
 
 
-def node_status(node: NodeSpec, *, now: str, tpu_healthy: bool, log_port: int,
-                ready_since: str, ready: bool = True) -> dict[str, Any]:
+def node_status(
+    node: NodeSpec,
+    *,
+    now: str,
+    tpu_healthy: bool,
+    log_port: int,
+    ready_since: str,
+    ready: bool = True,
+) -> dict[str, Any]:
     """The node's status as its kubelet would post it at `now` (RFC 3339).
 
     Not `ready`: Ready=False as a kubelet posts it while its container runtime does not answer
@@ -101,26 +128,47 @@ def node_status(node: NodeSpec, *, now: str, tpu_healthy: bool, log_port: int,
         allocatable[TPU_RESOURCE] = str(node.tpu_chips if tpu_healthy else 0)
 
     def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
-        return {"type": kind, "status": status, "reason": reason, "message": message,
-                "lastHeartbeatTime": now, "lastTransitionTime": ready_since}
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": ready_since,
+        }
 
     conditions = [
         condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "enough memory"),
         condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "enough disk"),
         condition("PIDPressure", "False", "KubeletHasSufficientPID", "enough PIDs"),
         condition("Ready", "True", "KubeletReady", "node agent is posting ready status")
-        if ready else condition("Ready", "False", "KubeletNotReady",
-                                "container runtime status check may not have completed yet"),
+        if ready
+        else condition(
+            "Ready",
+            "False",
+            "KubeletNotReady",
+            "container runtime status check may not have completed yet",
+        ),
     ]
     return {
-        "capacity": capacity, "allocatable": allocatable, "conditions": conditions,
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                      {"type": "Hostname", "address": node.name}],
+        "capacity": capacity,
+        "allocatable": allocatable,
+        "conditions": conditions,
+        "addresses": [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": node.name},
+        ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": log_port}},
         "nodeInfo": {
-            "machineID": node.name, "systemUUID": node.name, "bootID": node.name,
-            "kernelVersion": "local", "osImage": "tpujob local node", "operatingSystem": "linux",
-            "architecture": "amd64", "containerRuntimeVersion": "tpujob-local://0.1",
-            "kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "",
+            "machineID": node.name,
+            "systemUUID": node.name,
+            "bootID": node.name,
+            "kernelVersion": "local",
+            "osImage": "tpujob local node",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+            "containerRuntimeVersion": "tpujob-local://0.1",
+            "kubeletVersion": KUBELET_VERSION,
+            "kubeProxyVersion": "",
         },
     }

@@ -24,9 +24,14 @@ DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 
 
 class PodRunner:
-    def __init__(self, root: Path, net: network.ClusterNetwork, api: sandbox.ApiEndpoint,
-                 lookups: sandbox.Lookups, claim_lookups: claims.ClaimLookups | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        root: Path,
+        net: network.ClusterNetwork,
+        api: sandbox.ApiEndpoint,
+        lookups: sandbox.Lookups,
+        claim_lookups: claims.ClaimLookups | None = None,
+    ) -> None:
         self.root = root
         self.net = net
         self.api = api
@@ -52,16 +57,26 @@ class PodRunner:
     def create(self, pod: Mapping[str, Any], *, now: float) -> PodRuntime:
         """Build the sandbox and start every container; start failures are recorded, not raised."""
         meta, spec = pod["metadata"], pod["spec"]
-        rt = PodRuntime(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"],
-                        node=spec["nodeName"], directory=self.root / "pods" / meta["uid"],
-                        restart_policy=spec.get("restartPolicy", "Always"))
+        rt = PodRuntime(
+            uid=meta["uid"],
+            namespace=meta["namespace"],
+            name=meta["name"],
+            node=spec["nodeName"],
+            directory=self.root / "pods" / meta["uid"],
+            restart_policy=spec.get("restartPolicy", "Always"),
+        )
         for c in spec.get("containers") or []:
-            rt.containers.append(ContainerRuntime(
-                name=c["name"], image=c.get("image", ""),
-                directory=rt.directory / "containers" / c["name"],
-                termination_policy=c.get("terminationMessagePolicy", "File"),
-                memory_limit=quantity_bytes(((c.get("resources") or {}).get("limits") or {})
-                                            .get("memory"))))
+            rt.containers.append(
+                ContainerRuntime(
+                    name=c["name"],
+                    image=c.get("image", ""),
+                    directory=rt.directory / "containers" / c["name"],
+                    termination_policy=c.get("terminationMessagePolicy", "File"),
+                    memory_limit=quantity_bytes(
+                        ((c.get("resources") or {}).get("limits") or {}).get("memory")
+                    ),
+                )
+            )
         rt.ip_index = self._allocate()
         rt.ip = self.net.pod_address(rt.ip_index)
         rt.netns = network.create_pod_network(self.net, rt.uid, rt.ip)
@@ -69,8 +84,9 @@ class PodRunner:
         rt.write_meta()
         rt.started_at = now
         try:
-            volumes = sandbox.prepare_volumes(pod, rt.directory, pod_ip=rt.ip,
-                                              lookups=self.lookups, claim_path=self._claim_path)
+            volumes = sandbox.prepare_volumes(
+                pod, rt.directory, pod_ip=rt.ip, lookups=self.lookups, claim_path=self._claim_path
+            )
         except sandbox.StartError as err:
             rt.start_error = str(err)
             for c in rt.containers:
@@ -80,13 +96,21 @@ class PodRunner:
             self.start_container(pod, rt, c, volumes, now=now)
         return rt
 
-    def start_container(self, pod: Mapping[str, Any], rt: PodRuntime, c: ContainerRuntime,
-                        volumes: Mapping[str, Path] | None = None, *, now: float) -> None:
+    def start_container(
+        self,
+        pod: Mapping[str, Any],
+        rt: PodRuntime,
+        c: ContainerRuntime,
+        volumes: Mapping[str, Path] | None = None,
+        *,
+        now: float,
+    ) -> None:
         spec = next(s for s in pod["spec"]["containers"] if s["name"] == c.name)
         try:
             if volumes is None:
-                volumes = {v["name"]: self._volume_path(rt, v)
-                           for v in pod["spec"].get("volumes") or []}
+                volumes = {
+                    v["name"]: self._volume_path(rt, v) for v in pod["spec"].get("volumes") or []
+                }
             env = sandbox.container_env(pod, spec, pod_ip=rt.ip, api=self.api, lookups=self.lookups)
             argv = sandbox.resolve_command(spec, env)
             mounts = sandbox.container_mounts(pod, spec, volumes)
@@ -98,12 +122,17 @@ class PodRunner:
         pod_spec = pod["spec"]
         hostname = pod_spec.get("hostname") or pod["metadata"]["name"]
         full = sandbox.bwrap_argv(
-            netns=rt.netns, hostname=hostname[:63], hosts_file=self.hosts_file,
-            tmp_dir=rt.directory / "tmp", termination_file=c.termination_file,
+            netns=rt.netns,
+            hostname=hostname[:63],
+            hosts_file=self.hosts_file,
+            tmp_dir=rt.directory / "tmp",
+            termination_file=c.termination_file,
             termination_path=spec.get("terminationMessagePath", DEFAULT_TERMINATION_PATH),
-            mounts=[*mounts, *self.runtime_binds], working_dir=spec.get("workingDir"),
+            mounts=[*mounts, *self.runtime_binds],
+            working_dir=spec.get("workingDir"),
             argv=argv,
-            root_entries=self.root_entries)
+            root_entries=self.root_entries,
+        )
         c.start(full, env, now=now)
 
     def refresh(self, pod: Mapping[str, Any], rt: PodRuntime) -> None:
@@ -154,8 +183,13 @@ class PodRunner:
             names = [host]
             if sub := spec.get("subdomain"):
                 fqdn = f"{host}.{sub}.{ns}.svc.cluster.local"
-                names = [fqdn, f"{host}.{sub}.{ns}.svc", f"{host}.{sub}.{ns}", f"{host}.{sub}",
-                         host]
+                names = [
+                    fqdn,
+                    f"{host}.{sub}.{ns}.svc",
+                    f"{host}.{sub}.{ns}",
+                    f"{host}.{sub}",
+                    host,
+                ]
             lines.append(f"{rt.ip} {' '.join(dict.fromkeys(names))}")
         content = "\n".join(lines) + "\n"
         with open(self.hosts_file, "r+") as handle:

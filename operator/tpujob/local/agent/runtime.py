@@ -42,9 +42,12 @@ class Terminated:
     signal: int | None = None
 
     def to_status(self, container_id: str) -> dict[str, Any]:
-        state: dict[str, Any] = {"exitCode": self.exit_code, "reason": self.reason,
-                                 "finishedAt": rfc3339(self.finished_at),
-                                 "containerID": container_id}
+        state: dict[str, Any] = {
+            "exitCode": self.exit_code,
+            "reason": self.reason,
+            "finishedAt": rfc3339(self.finished_at),
+            "containerID": container_id,
+        }
         if self.message:
             state["message"] = self.message
         if self.started_at is not None:
@@ -84,7 +87,9 @@ class ContainerRuntime:
 
     @property
     def container_id(self) -> str:
-        return f"tpujob-local://{self.directory.parent.parent.name}/{self.name}/{self.restart_count}"
+        return (
+            f"tpujob-local://{self.directory.parent.parent.name}/{self.name}/{self.restart_count}"
+        )
 
     def running(self) -> bool:
         return self.proc is not None and self.terminated is None
@@ -110,8 +115,13 @@ class ContainerRuntime:
         self.terminated = None
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=dict(env), start_new_session=True)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
         self.started_at = now
         self.waiting_reason = None
         started = process_start_time(self.proc.pid)
@@ -121,8 +131,9 @@ class ContainerRuntime:
         """Record a start failure the way a kubelet reports one (exit 128, StartError)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = None
-        self.terminated = Terminated(128, "StartError", message[:MAX_TERMINATION_MESSAGE],
-                                     None, now)
+        self.terminated = Terminated(
+            128, "StartError", message[:MAX_TERMINATION_MESSAGE], None, now
+        )
         self.waiting_reason = None
 
     def enforce_memory_limit(self) -> None:
@@ -236,7 +247,8 @@ class PodRuntime:
 
     def all_terminated(self) -> bool:
         return bool(self.containers) and all(
-            c.terminated is not None and not self.should_restart(c) for c in self.containers)
+            c.terminated is not None and not self.should_restart(c) for c in self.containers
+        )
 
     def should_restart(self, container: ContainerRuntime) -> bool:
         if container.terminated is None or self.terminating_deadline is not None:
@@ -251,16 +263,26 @@ class PodRuntime:
         if not self.containers or self.started_at is None:
             return "Pending"
         if self.all_terminated():
-            ok = all(c.terminated is not None and c.terminated.exit_code == 0
-                     for c in self.containers)
+            ok = all(
+                c.terminated is not None and c.terminated.exit_code == 0 for c in self.containers
+            )
             return "Succeeded" if ok else "Failed"
         return "Running"
 
     def write_meta(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "meta.json").write_text(json.dumps({
-            "uid": self.uid, "namespace": self.namespace, "name": self.name, "node": self.node,
-            "netns": self.netns, "ip": self.ip}))
+        (self.directory / "meta.json").write_text(
+            json.dumps(
+                {
+                    "uid": self.uid,
+                    "namespace": self.namespace,
+                    "name": self.name,
+                    "node": self.node,
+                    "netns": self.netns,
+                    "ip": self.ip,
+                }
+            )
+        )
 
 
 def restart_delay(restart_count: int) -> float:
@@ -284,32 +306,39 @@ def tpu_devices(spec: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     next_chip = 0
     for container in spec.get("containers") or []:
         resources = container.get("resources") or {}
-        wanted = (resources.get("limits") or {}).get(TPU_RESOURCE) or \
-            (resources.get("requests") or {}).get(TPU_RESOURCE)
+        wanted = (resources.get("limits") or {}).get(TPU_RESOURCE) or (
+            resources.get("requests") or {}
+        ).get(TPU_RESOURCE)
         try:
             count = max(0, int(wanted or 0))
         except (TypeError, ValueError):
             count = 0
         if count:
             devices[str(container.get("name"))] = tuple(
-                f"accel{i}" for i in range(next_chip, next_chip + count))
+                f"accel{i}" for i in range(next_chip, next_chip + count)
+            )
             next_chip += count
     return devices
 
 
-def allocated_resources_status(devices: tuple[str, ...], *,
-                               healthy: bool) -> list[dict[str, Any]]:
+def allocated_resources_status(devices: tuple[str, ...], *, healthy: bool) -> list[dict[str, Any]]:
     """containerStatuses[].allocatedResourcesStatus for a container's TPU devices (KEP-4680)."""
     if not devices:
         return []
     health = "Healthy" if healthy else "Unhealthy"
-    return [{"name": TPU_RESOURCE,
-             "resources": [{"resourceID": d, "health": health} for d in devices]}]
+    return [
+        {"name": TPU_RESOURCE, "resources": [{"resourceID": d, "health": health} for d in devices]}
+    ]
 
 
-def pod_status(rt: PodRuntime, previous: Mapping[str, Any], *, now: float,
-               tpu: Mapping[str, tuple[str, ...]] | None = None,
-               tpu_healthy: bool = True) -> dict[str, Any]:
+def pod_status(
+    rt: PodRuntime,
+    previous: Mapping[str, Any],
+    *,
+    now: float,
+    tpu: Mapping[str, tuple[str, ...]] | None = None,
+    tpu_healthy: bool = True,
+) -> dict[str, Any]:
     """The status the agent posts for `rt`, keeping conditions other components own.
 
     `tpu` maps container names to their TPU device IDs (`tpu_devices` of the pod's spec);
@@ -327,42 +356,65 @@ def pod_status(rt: PodRuntime, previous: Mapping[str, Any], *, now: float,
         status = "True" if value else "False"
         prior = old.get(kind)
         since = prior.get("lastTransitionTime") if prior and prior.get("status") == status else None
-        cond: dict[str, Any] = {"type": kind, "status": status,
-                                "lastTransitionTime": since or stamp}
+        cond: dict[str, Any] = {
+            "type": kind,
+            "status": status,
+            "lastTransitionTime": since or stamp,
+        }
         if not value and kind in ("Ready", "ContainersReady") and phase != "Pending":
-            cond["reason"] = "PodCompleted" if phase in ("Succeeded", "Failed") else \
-                "ContainersNotReady"
+            cond["reason"] = (
+                "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
+            )
         return cond
 
     conditions = [
         condition("PodReadyToStartContainers", bool(rt.ip) and phase in ("Pending", "Running")),
-        condition("Initialized", True), condition("ContainersReady", ready),
-        condition("Ready", ready), *kept,
+        condition("Initialized", True),
+        condition("ContainersReady", ready),
+        condition("Ready", ready),
+        *kept,
     ]
     statuses = []
     for c in rt.containers:
-        st: dict[str, Any] = {"name": c.name, "image": c.image, "imageID": "",
-                              "containerID": c.container_id, "restartCount": c.restart_count,
-                              "ready": c.running(), "started": c.running()}
+        st: dict[str, Any] = {
+            "name": c.name,
+            "image": c.image,
+            "imageID": "",
+            "containerID": c.container_id,
+            "restartCount": c.restart_count,
+            "ready": c.running(),
+            "started": c.running(),
+        }
         if c.terminated is not None and not rt.should_restart(c):
             st["state"] = c.terminated.to_status(c.container_id)
         elif c.running() and c.started_at is not None:
             st["state"] = {"running": {"startedAt": rfc3339(c.started_at)}}
         elif c.terminated is not None:
-            st["state"] = {"waiting": {"reason": "CrashLoopBackOff",
-                                       "message": f"back-off restarting failed container {c.name}"}}
+            st["state"] = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off restarting failed container {c.name}",
+                }
+            }
         else:
             st["state"] = {"waiting": {"reason": c.waiting_reason or "ContainerCreating"}}
-        last = c.terminated if (c.terminated is not None and rt.should_restart(c)) \
+        last = (
+            c.terminated
+            if (c.terminated is not None and rt.should_restart(c))
             else c.last_terminated
+        )
         st["lastState"] = last.to_status(c.container_id) if last is not None else {}
         health = allocated_resources_status((tpu or {}).get(c.name, ()), healthy=tpu_healthy)
         if health:
             st["allocatedResourcesStatus"] = health
         statuses.append(st)
-    status: dict[str, Any] = {"phase": phase, "conditions": conditions,
-                              "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-                              "containerStatuses": statuses}
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": conditions,
+        "hostIP": "127.0.0.1",
+        "hostIPs": [{"ip": "127.0.0.1"}],
+        "containerStatuses": statuses,
+    }
     if rt.ip:
         status["podIP"], status["podIPs"] = rt.ip, [{"ip": rt.ip}]
     if rt.started_at is not None:

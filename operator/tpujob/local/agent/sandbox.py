@@ -38,8 +38,16 @@ class Lookups(Protocol):
 
     def secret(self, namespace: str, name: str) -> dict[str, str] | None: ...
 
-    def token(self, namespace: str, service_account: str, *, pod: str, pod_uid: str,
-              audiences: list[str], seconds: int) -> str: ...
+    def token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        pod: str,
+        pod_uid: str,
+        audiences: list[str],
+        seconds: int,
+    ) -> str: ...
 
     def ca_cert(self) -> str: ...
 
@@ -56,10 +64,14 @@ def field_value(pod: Mapping[str, Any], path: str, pod_ip: str) -> str:
     """The downward-API value of `path` (metadata.name, metadata.labels['k'], status.podIP...)."""
     meta, spec = pod["metadata"], pod["spec"]
     simple = {
-        "metadata.name": meta.get("name", ""), "metadata.namespace": meta.get("namespace", ""),
-        "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
+        "metadata.name": meta.get("name", ""),
+        "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
         "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
-        "status.podIP": pod_ip, "status.hostIP": "127.0.0.1", "status.podIPs": pod_ip,
+        "status.podIP": pod_ip,
+        "status.hostIP": "127.0.0.1",
+        "status.podIPs": pod_ip,
     }
     if path in simple:
         return str(simple[path])
@@ -71,14 +83,22 @@ def field_value(pod: Mapping[str, Any], path: str, pod_ip: str) -> str:
     raise StartError(f"unsupported fieldRef {path!r}")
 
 
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], *, pod_ip: str,
-                  api: ApiEndpoint, lookups: Lookups) -> dict[str, str]:
+def container_env(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    *,
+    pod_ip: str,
+    api: ApiEndpoint,
+    lookups: Lookups,
+) -> dict[str, str]:
     """The environment a kubelet would give `container`."""
     ns = pod["metadata"]["namespace"]
     env: dict[str, str] = {
         "PATH": f"{Path(sys.executable).parent}:{DEFAULT_PATH}",
-        "HOME": "/root", "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"],
-        "KUBERNETES_SERVICE_HOST": api.host, "KUBERNETES_SERVICE_PORT": str(api.port),
+        "HOME": "/root",
+        "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"],
+        "KUBERNETES_SERVICE_HOST": api.host,
+        "KUBERNETES_SERVICE_PORT": str(api.port),
         "KUBERNETES_SERVICE_PORT_HTTPS": str(api.port),
         "KUBERNETES_PORT": f"tcp://{api.host}:{api.port}",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -99,8 +119,13 @@ def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], *, pod_i
     return env
 
 
-def _env_value(pod: Mapping[str, Any], container: Mapping[str, Any], item: Mapping[str, Any],
-               pod_ip: str, lookups: Lookups) -> str:
+def _env_value(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    item: Mapping[str, Any],
+    pod_ip: str,
+    lookups: Lookups,
+) -> str:
     if "valueFrom" not in item:
         return str(item.get("value", ""))
     source = item["valueFrom"]
@@ -126,8 +151,14 @@ def _env_value(pod: Mapping[str, Any], container: Mapping[str, Any], item: Mappi
 ClaimPath = Callable[[str, str], Path]
 
 
-def prepare_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str,
-                    lookups: Lookups, claim_path: ClaimPath | None = None) -> dict[str, Path]:
+def prepare_volumes(
+    pod: Mapping[str, Any],
+    pod_dir: Path,
+    *,
+    pod_ip: str,
+    lookups: Lookups,
+    claim_path: ClaimPath | None = None,
+) -> dict[str, Path]:
     """Materialise the pod's volumes on the host; returns volume name -> host path."""
     meta, spec = pod["metadata"], pod["spec"]
     paths: dict[str, Path] = {}
@@ -160,8 +191,14 @@ def prepare_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str,
                 raise StartError(f"secret {vol['secret']['secretName']!r} not found")
             _write_files(target, data or {})
         elif "downwardAPI" in vol:
-            _write_files(target, {i["path"]: field_value(pod, i["fieldRef"]["fieldPath"], pod_ip)
-                                  for i in vol["downwardAPI"].get("items", []) if "fieldRef" in i})
+            _write_files(
+                target,
+                {
+                    i["path"]: field_value(pod, i["fieldRef"]["fieldPath"], pod_ip)
+                    for i in vol["downwardAPI"].get("items", [])
+                    if "fieldRef" in i
+                },
+            )
         else:
             raise StartError(f"volume {name!r}: unsupported volume type")
         paths[name] = target
@@ -195,16 +232,21 @@ def refresh_downward_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: s
     return changed
 
 
-def _projected_files(pod: Mapping[str, Any], projected: Mapping[str, Any], pod_ip: str,
-                     lookups: Lookups) -> dict[str, str]:
+def _projected_files(
+    pod: Mapping[str, Any], projected: Mapping[str, Any], pod_ip: str, lookups: Lookups
+) -> dict[str, str]:
     meta, spec = pod["metadata"], pod["spec"]
     files: dict[str, str] = {}
     for source in projected.get("sources") or []:
         if token := source.get("serviceAccountToken"):
             files[token["path"]] = lookups.token(
-                meta["namespace"], spec.get("serviceAccountName") or "default", pod=meta["name"],
-                pod_uid=meta["uid"], audiences=[token["audience"]] if token.get("audience") else [],
-                seconds=int(token.get("expirationSeconds", 3607)))
+                meta["namespace"],
+                spec.get("serviceAccountName") or "default",
+                pod=meta["name"],
+                pod_uid=meta["uid"],
+                audiences=[token["audience"]] if token.get("audience") else [],
+                seconds=int(token.get("expirationSeconds", 3607)),
+            )
         elif cm := source.get("configMap"):
             if cm["name"] == "kube-root-ca.crt":
                 data: dict[str, str] | None = {"ca.crt": lookups.ca_cert()}
@@ -239,9 +281,12 @@ def expand_references(text: str, env: Mapping[str, str]) -> str:
         if text.startswith("$$", i):
             out.append("$")
             i += 2
-        elif text.startswith("$(", i) and (end := text.find(")", i + 2)) != -1 \
-                and text[i + 2:end] in env:
-            out.append(env[text[i + 2:end]])
+        elif (
+            text.startswith("$(", i)
+            and (end := text.find(")", i + 2)) != -1
+            and text[i + 2 : end] in env
+        ):
+            out.append(env[text[i + 2 : end]])
             i = end + 1
         else:
             out.append(text[i])
@@ -252,11 +297,15 @@ def expand_references(text: str, env: Mapping[str, str]) -> str:
 def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
     """command + args with `$(NAME)` expanded, the executable found on the container's PATH
     as a runtime would."""
-    argv = [expand_references(str(a), env)
-            for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    argv = [
+        expand_references(str(a), env)
+        for a in [*(container.get("command") or []), *(container.get("args") or [])]
+    ]
     if not argv:
-        raise StartError("no command: the local node runs the container's command on this "
-                         "machine and cannot read an image's entrypoint; set `command`")
+        raise StartError(
+            "no command: the local node runs the container's command on this "
+            "machine and cannot read an image's entrypoint; set `command`"
+        )
     exe = argv[0]
     found = exe if "/" in exe else shutil.which(exe, path=env.get("PATH", DEFAULT_PATH))
     if found is None or not os.access(found, os.X_OK):
@@ -271,11 +320,15 @@ class Mount:
     read_only: bool = False
 
 
-def container_mounts(pod: Mapping[str, Any], container: Mapping[str, Any],
-                     volumes: Mapping[str, Path]) -> list[Mount]:
+def container_mounts(
+    pod: Mapping[str, Any], container: Mapping[str, Any], volumes: Mapping[str, Path]
+) -> list[Mount]:
     # A claim mounted readOnly in the pod's volume is read-only in every container.
-    read_only_volumes = {v["name"] for v in pod["spec"].get("volumes") or []
-                         if (v.get("persistentVolumeClaim") or {}).get("readOnly")}
+    read_only_volumes = {
+        v["name"]
+        for v in pod["spec"].get("volumes") or []
+        if (v.get("persistentVolumeClaim") or {}).get("readOnly")
+    }
     mounts = []
     for vm in container.get("volumeMounts") or []:
         source = volumes.get(vm["name"])
@@ -350,10 +403,19 @@ def own_paths_under_tmp() -> list[Mount]:
 SANDBOX_OPTIONS = ("--cap-drop", "ALL", "--new-session", "--die-with-parent")
 
 
-def bwrap_argv(*, netns: str, hostname: str, hosts_file: Path, tmp_dir: Path,
-               termination_file: Path, termination_path: str, mounts: list[Mount],
-               working_dir: str | None, argv: list[str],
-               root_entries: list[RootEntry]) -> list[str]:
+def bwrap_argv(
+    *,
+    netns: str,
+    hostname: str,
+    hosts_file: Path,
+    tmp_dir: Path,
+    termination_file: Path,
+    termination_path: str,
+    mounts: list[Mount],
+    working_dir: str | None,
+    argv: list[str],
+    root_entries: list[RootEntry],
+) -> list[str]:
     """The full argv: enter the pod's network namespace, then its private mount namespace.
 
     The root is a fresh tmpfs holding read-only binds of the host's top-level directories, so
@@ -367,13 +429,37 @@ def bwrap_argv(*, netns: str, hostname: str, hosts_file: Path, tmp_dir: Path,
             cmd += ["--symlink", entry.symlink_target, f"/{entry.name}"]
         else:
             cmd += ["--ro-bind", f"/{entry.name}", f"/{entry.name}"]
-    cmd += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/sys", "/sys",
-            "--tmpfs", "/run", "--tmpfs", "/dev/shm", "--bind", str(tmp_dir), "/tmp",
-            "--ro-bind", str(hosts_file), "/etc/hosts", "--unshare-uts", "--hostname", hostname,
-            "--bind", str(termination_file), termination_path]
+    cmd += [
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--ro-bind",
+        "/sys",
+        "/sys",
+        "--tmpfs",
+        "/run",
+        "--tmpfs",
+        "/dev/shm",
+        "--bind",
+        str(tmp_dir),
+        "/tmp",
+        "--ro-bind",
+        str(hosts_file),
+        "/etc/hosts",
+        "--unshare-uts",
+        "--hostname",
+        hostname,
+        "--bind",
+        str(termination_file),
+        termination_path,
+    ]
     for mount in mounts:
-        cmd += ["--ro-bind" if mount.read_only else "--bind", str(mount.source),
-                resolve_target(mount.target)]
+        cmd += [
+            "--ro-bind" if mount.read_only else "--bind",
+            str(mount.source),
+            resolve_target(mount.target),
+        ]
     if working_dir:
         cmd += ["--chdir", working_dir]
     return [*cmd, "--", *argv]

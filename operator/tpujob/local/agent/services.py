@@ -39,7 +39,8 @@ class ApiForwarder:
         asyncio.set_event_loop(self._loop)
         try:
             server = self._loop.run_until_complete(
-                asyncio.start_server(self._handle, *self.listen, reuse_address=True))
+                asyncio.start_server(self._handle, *self.listen, reuse_address=True)
+            )
         except OSError as err:
             self._error = err
             self._ready.set()
@@ -72,8 +73,13 @@ class ApiForwarder:
 class LogServer:
     """Serves container logs to the API server; `find_log(ns, pod, container)` locates them."""
 
-    def __init__(self, cert: Path, key: Path, ca: Path,
-                 find_log: Callable[[str, str, str, bool], Path | None]) -> None:
+    def __init__(
+        self,
+        cert: Path,
+        key: Path,
+        ca: Path,
+        find_log: Callable[[str, str, str, bool], Path | None],
+    ) -> None:
         handler = self._handler(find_log)
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -87,8 +93,9 @@ class LogServer:
         threading.Thread(target=self.httpd.serve_forever, name="log-server", daemon=True).start()
 
     @staticmethod
-    def _handler(find_log: Callable[[str, str, str, bool], Path | None],
-                 ) -> type[http.server.BaseHTTPRequestHandler]:
+    def _handler(
+        find_log: Callable[[str, str, str, bool], Path | None],
+    ) -> type[http.server.BaseHTTPRequestHandler]:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
@@ -105,7 +112,7 @@ class LogServer:
                 data = path.read_bytes()
                 if "tailLines" in query:
                     lines = data.splitlines(keepends=True)
-                    data = b"".join(lines[-int(query["tailLines"][0]):])
+                    data = b"".join(lines[-int(query["tailLines"][0]) :])
                 if "limitBytes" in query:
                     data = data[: int(query["limitBytes"][0])]
                 self.send_response(200)
