@@ -490,9 +490,8 @@ def parse_or_replot(
     return None
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=10.0)
+def add_fault_arguments(p: argparse.ArgumentParser) -> None:
+    """The fault schedule's options: how often, how long a node stays down, the seed."""
     p.add_argument("--fault-every", type=float, default=120.0)
     p.add_argument(
         "--repair-after",
@@ -501,6 +500,12 @@ def main() -> int:
         help="seconds a downed node stays down (then it comes back, as repaired)",
     )
     p.add_argument("--seed", type=int, default=2026)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=10.0)
+    add_fault_arguments(p)
     p.add_argument("--arms", nargs="+", default=["reference", "tpujob", "tpujob-full", "jobset"])
     a = parse_or_replot(p, "goodput.json", plot)
     if a is None:

@@ -57,11 +57,13 @@ from bench_goodput import (  # noqa: E402
     TRAINER_ARGS,
     Cluster,
     Faults,
+    add_fault_arguments,
     committed_step,
     job_manifest,
     parse_or_replot,
 )
 from kubernetes import client  # noqa: E402
+from scale import measure  # noqa: E402
 
 from tpujob.api import GROUP, PLURAL, VERSION  # noqa: E402
 
@@ -76,25 +78,21 @@ def slope_per_hour(samples: Sequence[tuple[float, float]], warmup: float = WARMU
         return None
     first, last = samples[0][0], samples[-1][0]
     kept = [(t, v) for t, v in samples if t >= first + warmup * (last - first)]
-    if len(kept) < 2:
+    try:
+        fit = statistics.linear_regression([t for t, _ in kept], [v for _, v in kept])
+    except statistics.StatisticsError:  # fewer than two samples, or all at one instant
         return None
-    mean_t = statistics.fmean(t for t, _ in kept)
-    mean_v = statistics.fmean(v for _, v in kept)
-    spread = sum((t - mean_t) ** 2 for t, _ in kept)
-    if spread == 0:
-        return None
-    return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in kept) / spread
+    return 3600 * fit.slope
 
 
 def process_usage(pid: int) -> tuple[float, int] | None:
     """(RSS in MiB, open file descriptors) of a process; None once it has exited."""
+    usage = measure.proc(pid)
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except FileNotFoundError:
+    except OSError:
         return None
-    kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return kib / 1024, fds
+    return (usage.rss_mib, fds) if usage is not None else None
 
 
 def trainer_args(steps: int) -> list[str]:
@@ -378,13 +376,7 @@ def main() -> int:
         default=600,
         help="steps of each job (then it is deleted and created again)",
     )
-    p.add_argument("--fault-every", type=float, default=120.0)
-    p.add_argument(
-        "--repair-after",
-        type=float,
-        default=60.0,
-        help="seconds a downed node stays down (then it comes back, as repaired)",
-    )
+    add_fault_arguments(p)
     p.add_argument(
         "--sample-every",
         type=float,
@@ -397,7 +389,6 @@ def main() -> int:
         default=120.0,
         help="seconds after the run that faults still pending may recover in",
     )
-    p.add_argument("--seed", type=int, default=2026)
     a = parse_or_replot(p, "soak.json", plot)
     if a is None:
         return 0
