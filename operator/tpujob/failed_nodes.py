@@ -20,9 +20,9 @@ from datetime import datetime
 
 from tpujob import labels
 from tpujob.api import BadNodeAction, FailedNode
-from tpujob.observed import NodeView
+from tpujob.observed import NodeView, Observed
 
-__all__ = ["avoided_nodes", "record_blames", "repaired"]
+__all__ = ["avoided_by", "avoided_nodes", "record_blames", "repaired"]
 
 
 def repaired(failed: FailedNode, node: NodeView | None, action: BadNodeAction) -> bool:
@@ -45,6 +45,12 @@ def avoided_nodes(
 ) -> frozenset[str]:
     """The failed nodes the job's pods must not be placed on: those not repaired since."""
     return frozenset(f.name for f in failed_nodes if not repaired(f, nodes.get(f.name), action))
+
+
+def avoided_by(obs: Observed) -> frozenset[str]:
+    """The observed job's failed nodes that it still avoids."""
+    job = obs.job
+    return avoided_nodes(job.status.failed_nodes, obs.nodes, job.spec.recovery.bad_node_action)
 
 
 def record_blames(

@@ -13,7 +13,7 @@ from tpujob import diagnosis as dx
 from tpujob.api import ConditionType, LastFailure, Phase, TPUTrainingJobStatus
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
-from tpujob.failed_nodes import avoided_nodes, record_blames
+from tpujob.failed_nodes import avoided_by, avoided_nodes, record_blames
 from tpujob.failure_facts import Trouble, user_rules
 from tpujob.gcp.catalogue import pool_advice
 from tpujob.node_health import NodeHealthSettings, judge
@@ -169,9 +169,7 @@ def handle_failure(
     )
     keep: frozenset[int] = frozenset()
     if isinstance(decision, Restart):
-        blamed = avoided_nodes(
-            status.failed_nodes, obs.nodes, job.spec.recovery.bad_node_action
-        ) | set(decision.blame_nodes)
+        blamed = avoided_by(obs) | set(decision.blame_nodes)
         keep = slices_to_keep(obs, trouble, broken, decision, settings=settings, bad_nodes=blamed)
     for pod in obs.attempt_pods(status.attempt):
         if not pod.terminal and pod.deleting_since is None and pod.slice not in keep:

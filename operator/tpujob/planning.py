@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from tpujob import labels, manifests
 from tpujob.api import BadNodeAction, ConditionStatus, ConditionType, Phase, Progress
 from tpujob.api.attempt import AttemptStatus
-from tpujob.failed_nodes import avoided_nodes, repaired
+from tpujob.failed_nodes import avoided_by, repaired
 from tpujob.failure_facts import find_trouble
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
 from tpujob.observed import Observed, PodView
@@ -125,18 +125,11 @@ def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
         draft.update(failed_nodes=tuple(updated))
 
 
-def bad_nodes(obs: Observed) -> frozenset[str]:
-    """The job's failed nodes it still avoids (`tpujob.failed_nodes`)."""
-    return avoided_nodes(
-        obs.job.status.failed_nodes, obs.nodes, obs.job.spec.recovery.bad_node_action
-    )
-
-
 def _new_attempt_after_start_or_resume(obs: Observed, draft: Draft) -> None:
     job, now = obs.job, draft.now
     resuming = job.status.phase is Phase.SUSPENDED
     pools = choose_pools(
-        obs, pools_of(job.status.current_attempt) if resuming else {}, bad_nodes(obs), draft=draft
+        obs, pools_of(job.status.current_attempt) if resuming else {}, avoided_by(obs), draft=draft
     )
     attempt = job.status.attempt + 1
     draft.update(
@@ -232,7 +225,7 @@ def attempt_settings(
     return manifests.AttemptSettings(
         attempt=job.status.attempt,
         pools=pools,
-        bad_nodes=bad_nodes(obs),
+        bad_nodes=avoided_by(obs),
         collective_timeout_seconds=current.collective_timeout_seconds
         or planner.collective_timeout_seconds,
         rollback_step=current.rollback_step,
@@ -260,7 +253,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
     if blocking:
         draft.requeue(1.0)
         return
-    pools = choose_pools(obs, pools_of(current), bad_nodes(obs), draft=draft)
+    pools = choose_pools(obs, pools_of(current), avoided_by(obs), draft=draft)
     if len(pools) < job.spec.tpu.slices:
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
