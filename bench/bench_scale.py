@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             "job_arm_placement": "static: workload i on pool i mod pools",
         },
         "arms": a.arms,
-        "runs_per_arm": a.runs,
+        "runs_per_arm": a.runs,  # of this command; with --append the records say them all
     }
     for scenario in a.scenario:
         runs: list[dict[str, Any]] = []
@@ -244,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.append and old.exists():
             runs = json.loads(old.read_text())["runs"]
         for size, pools, shape in plan(a, scenario):
-            for run in range(a.runs):
+            # Appended runs are numbered after those recorded, so the arms' order keeps rotating
+            # and every run keeps its own number (each record names the command that made it).
+            first = 1 + max((r["run"] for r in runs if r.get("size") == size), default=-1)
+            for run in range(first, first + a.runs):
                 order = a.arms[run % len(a.arms) :] + a.arms[: run % len(a.arms)]
                 for arm in order:
                     print(

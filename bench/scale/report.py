@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -106,33 +107,41 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     arms = sorted({r["arm"] for r in runs})
     if scenario == "ladder":
+        largest = max((int(s) for s in summary), default=0)
         for arm in arms:
             sizes = sorted(int(s) for s in summary if arm in summary[s])
             for q, style in (("p50", "-o"), ("p99", "--s")):
-                ys = [summary[str(s)][arm][f"create_to_running_s.{q}"]["median"] for s in sizes]
-                axes[0].plot(
+                cells = [summary[str(s)][arm][f"create_to_running_s.{q}"] for s in sizes]
+                ys, low, high = _error_bars(cells)
+                axes[0].errorbar(
                     sizes,
-                    [y if y is not None else float("nan") for y in ys],
-                    style,
+                    ys,
+                    yerr=[low, high],
+                    fmt=style,
+                    capsize=4,
                     color=COLORS.get(arm),
                     label=f"{arm} {q}",
                 )
-            run_share = [
-                (summary[str(s)][arm]["workloads_running"]["median"] or 0) / s for s in sizes
-            ]
-            axes[1].plot(
-                sizes, [100 * x for x in run_share], "-o", color=COLORS.get(arm), label=arm
-            )
+            # Every run of the largest size: how the pods came up, not only when the last did.
+            for r in runs:
+                if r["arm"] == arm and r["size"] == largest and "result" in r:
+                    curve = r["result"].get("running_pods_over_time") or []
+                    axes[1].plot(
+                        [c[0] for c in curve],
+                        [c[1] for c in curve],
+                        color=COLORS.get(arm),
+                        alpha=0.8,
+                        label=f"{arm} run {r['run']}",
+                    )
         axes[0].set(
             xlabel="pools = workloads created at once",
             ylabel="create -> all pods Running (s)",
-            title="latency (median of runs; workloads that ran)",
+            title="latency (median of runs, bars: min-max; workloads that ran)",
         )
         axes[1].set(
-            xlabel="pools = workloads",
-            ylabel="% workloads all Running at the end",
-            title="completion within the timeout",
-            ylim=(0, 105),
+            xlabel="seconds since the creates",
+            ylabel="pods Running",
+            title=f"pods Running over time, size {largest}, every run",
         )
     elif scenario == "drain":
         for r in runs:
@@ -189,6 +198,17 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
     plt.close(fig)
 
 
+def _error_bars(cells: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float]]:
+    """Medians over runs and their distances to the min and max (NaN and 0 where none)."""
+    ys, low, high = [], [], []
+    for c in cells:
+        m = c.get("median")
+        ys.append(float("nan") if m is None else float(m))
+        low.append(0.0 if m is None else float(m) - float(c.get("min", m)))
+        high.append(0.0 if m is None else float(c.get("max", m)) - float(m))
+    return ys, low, high
+
+
 def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str], title: str) -> None:
     size = max(summary, key=int)
     width = 0.8 / max(1, len(arms))
@@ -196,7 +216,16 @@ def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str], ti
         cell = summary[size].get(arm, {})
         ys = [(cell.get(f) or {}).get("median") for f in figs]
         xs = [i + k * width for i in range(len(figs))]
-        ax.bar(xs, [y if y is not None else 0 for y in ys], width, color=COLORS.get(arm), label=arm)
+        heights, low, high = _error_bars([cell.get(f) or {} for f in figs])
+        ax.bar(
+            xs,
+            [0.0 if math.isnan(y) else y for y in heights],  # NaN: no run had the figure
+            width,
+            yerr=[low, high],
+            capsize=3,
+            color=COLORS.get(arm),
+            label=arm,
+        )
         for x, y in zip(xs, ys, strict=True):
             if y is None:
                 ax.text(x, 0, "none", ha="center", va="bottom", fontsize=7, rotation=90)

@@ -235,8 +235,7 @@ def test_a_leak_is_warned_of_with_the_time_left_to_the_memory_limit(
 ) -> None:
     """Worker 1 keeps 16 MiB more per 2-second step (8 MiB/s); its pod may have 2 GiB.
 
-    The run ends before the leak reaches the limit: the local cluster enforces none, and a
-    job deleted while it runs would keep its pool claimed in the operator.
+    The run ends before the leak reaches the limit, which the local cluster does not enforce.
     """
     steps = 80
     run = Run(
@@ -285,8 +284,8 @@ def test_an_oom_kill_that_the_warning_predicted_is_graded_as_a_leak(
         memory="1536Mi",
         faults=("leak@1:worker=1:attempt=1",),
     )
-    # Checked on the pod the operator would create before a job runs: a job deleted while
-    # it runs keeps its pool claimed in the operator, which would starve the tests after it.
+    # Checked on the pod the operator would create before the job runs, so a manifest without
+    # the limit fails here at once instead of after minutes of training that could never OOM.
     pod = trainer_pod(
         parse_job({**body, "metadata": {"name": "oomleak", "namespace": namespace}}),
         AttemptSettings(attempt=1, pools={0: "tpu-pool-0"}),
