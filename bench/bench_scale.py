@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,11 @@ def one_run(
     return record
 
 
+def runs_per_arm(runs: list[dict[str, Any]]) -> int:
+    """From the records, so a file that --append grew says how many it holds."""
+    return max(Counter((r["size"], r["arm"]) for r in runs).values(), default=0)
+
+
 def write(
     a: argparse.Namespace, scenario: str, runs: list[dict[str, Any]], meta: dict[str, Any]
 ) -> Path:
@@ -189,6 +195,7 @@ def write(
     a.results.mkdir(parents=True, exist_ok=True)
     summary = report.summarize(scenario, runs) if runs else {}
     path: Path = a.results / f"{stem}.json"
+    meta = {**meta, "runs_per_arm": runs_per_arm(runs)}
     path.write_text(
         json.dumps({**meta, "scenario": scenario, "summary": summary, "runs": runs}, indent=1)
         + "\n"
@@ -203,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in a.replot:
         data = json.loads(path.read_text())
         data["summary"] = report.summarize(data["scenario"], data["runs"])
+        data["runs_per_arm"] = runs_per_arm(data["runs"])
         path.write_text(json.dumps(data, indent=1) + "\n")
         report.plot(data["scenario"], data["runs"], data["summary"], path.with_suffix(".png"))
         print(report.markdown(data["scenario"], data["summary"]))
@@ -236,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
             "job_arm_placement": "static: workload i on pool i mod pools",
         },
         "arms": a.arms,
-        "runs_per_arm": a.runs,  # of this command; with --append the records say them all
     }
     for scenario in a.scenario:
         runs: list[dict[str, Any]] = []

@@ -125,14 +125,7 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
             # Every run of the largest size: how the pods came up, not only when the last did.
             for r in runs:
                 if r["arm"] == arm and r["size"] == largest and "result" in r:
-                    curve = r["result"].get("running_pods_over_time") or []
-                    axes[1].plot(
-                        [c[0] for c in curve],
-                        [c[1] for c in curve],
-                        color=COLORS.get(arm),
-                        alpha=0.8,
-                        label=f"{arm} run {r['run']}",
-                    )
+                    _curve(axes[1], r, r["result"].get("running_pods_over_time") or [])
         axes[0].set(
             xlabel="pools = workloads created at once",
             ylabel="create -> all pods Running (s)",
@@ -152,13 +145,7 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
             curve = res.get("done_over_time") or [
                 [t, i + 1] for i, t in enumerate(res.get("done_times_s", []))
             ]
-            axes[0].plot(
-                [c[0] for c in curve],
-                [c[1] for c in curve],
-                color=COLORS.get(r["arm"]),
-                alpha=0.8,
-                label=f"{r['arm']} run {r['run']}",
-            )
+            _curve(axes[0], r, curve)
         axes[0].set(
             xlabel="seconds since the creates",
             ylabel="workloads done",
@@ -198,6 +185,17 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
     plt.close(fig)
 
 
+def _curve(ax: Any, run: dict[str, Any], curve: list[list[float]]) -> None:
+    """One run's [seconds, count] series, in its arm's colour."""
+    ax.plot(
+        [c[0] for c in curve],
+        [c[1] for c in curve],
+        color=COLORS.get(run["arm"]),
+        alpha=0.8,
+        label=f"{run['arm']} run {run['run']}",
+    )
+
+
 def _error_bars(cells: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float]]:
     """Medians over runs and their distances to the min and max (NaN and 0 where none)."""
     ys, low, high = [], [], []
@@ -214,20 +212,20 @@ def _bars(ax: Any, summary: dict[str, Any], arms: list[str], figs: list[str], ti
     width = 0.8 / max(1, len(arms))
     for k, arm in enumerate(arms):
         cell = summary[size].get(arm, {})
-        ys = [(cell.get(f) or {}).get("median") for f in figs]
         xs = [i + k * width for i in range(len(figs))]
         heights, low, high = _error_bars([cell.get(f) or {} for f in figs])
+        missing = [math.isnan(h) for h in heights]  # no run had the figure
         ax.bar(
             xs,
-            [0.0 if math.isnan(y) else y for y in heights],  # NaN: no run had the figure
+            [0.0 if m else h for h, m in zip(heights, missing, strict=True)],
             width,
             yerr=[low, high],
             capsize=3,
             color=COLORS.get(arm),
             label=arm,
         )
-        for x, y in zip(xs, ys, strict=True):
-            if y is None:
+        for x, m in zip(xs, missing, strict=True):
+            if m:
                 ax.text(x, 0, "none", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.set_xticks(
         [i + width * (len(arms) - 1) / 2 for i in range(len(figs))],

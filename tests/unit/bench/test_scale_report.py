@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.bench_scale import report
+from bench.bench_scale import report, runs_per_arm
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,11 @@ def test_a_ladder_of_one_size_plots_every_run_and_the_spread(tmp_path: Path) -> 
     }
     report.plot("ladder", runs, summary, tmp_path / "ladder.png")
     assert (tmp_path / "ladder.png").stat().st_size > 10_000
+
+
+def test_runs_per_arm_counts_the_records_appended_runs_included() -> None:
+    first = [{"size": 250, "arm": a, "run": 0} for a in ("tpujob", "jobset")]
+    appended = [{"size": 250, "arm": a, "run": k} for k in (1, 2) for a in ("tpujob", "jobset")]
+    assert runs_per_arm(first) == 1
+    assert runs_per_arm(first + appended) == 3
+    assert runs_per_arm([]) == 0
