@@ -38,6 +38,7 @@ if [[ ${#cmds[@]} -gt 0 ]]; then
 fi
 mkdir -p "$out"
 for f in "$out.partial"/*; do [[ -e "$f" ]] && mv "$f" "$out/"; done
-rmdir "$out.partial"
+# A build of the same versions running at once may have moved its files and removed it already.
+rmdir "$out.partial" 2>/dev/null || true
 echo "built in $(( $(date +%s) - start ))s" >&2
 echo "$out"

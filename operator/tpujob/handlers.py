@@ -26,6 +26,7 @@ import kopf
 from tpujob import labels
 from tpujob.api import GROUP, PLURAL, VERSION
 from tpujob.controller import Deps, reconcile, refresh_catalogue, release_pools
+from tpujob.failed_nodes import marked_by
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.ledger_store import load_ledger
@@ -226,9 +227,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_changed(*, name: str | None, memo: Any, type: str | None, **_: Any) -> None:
-        """Wake the jobs with pods on this node or a placement on its pool; a healthy node
-        of a pool nobody holds may also let a waiting job in. A status renewal that changed
-        nothing the planner reads wakes no one."""
+        """Wake the jobs with pods on this node or a placement on its pool, and the job that
+        marked it bad; a healthy node of a pool nobody holds may also let a waiting job in.
+        A status renewal that changed nothing the planner reads wakes no one."""
         assert isinstance(memo, Deps)
         if memo.view is None or not name:
             return
@@ -246,6 +247,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if holder is not None:
             concerned.add(holder)
         memo.wakes.wake_live(concerned, at=now)
+        marker = marked_by(view.mark_reason) if view is not None and not view.lost else None
+        if marker is not None:
+            # The job that marked a node lost may take its mark off once the node is back,
+            # finished or not: only it knows why, and nothing else would wake a finished job.
+            memo.wakes.wake(marker, at=now)
         if (
             view is not None
             and view.pool

@@ -55,6 +55,12 @@ class NodeHealthSettings:
     # Allocatable google.com/tpu below capacity this long fails the node's TPUs. A device
     # plugin restart drops allocatable until it re-registers.
     tpu_shortfall_grace_seconds: float = 60.0
+    # A node lost (NotReady, unreachable) that comes back as the same Node object, Ready with
+    # all its TPUs, is trusted again by the job that blamed it once it has held this long
+    # (`tpujob.failed_nodes`). Five minutes is the node-lifecycle controller's 40-s grace
+    # several times over: late Lease renewals or a partition lose a node for a while
+    # without anything being broken, and a node that holds this long was not.
+    lost_node_return_seconds: float = 300.0
 
 
 DEFAULT_HEALTH = NodeHealthSettings()

@@ -30,6 +30,10 @@ def parse_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -173,6 +177,8 @@ class NodeView:
     # lastTransitionTime of the Ready condition: since when `ready` has held.
     ready_since: datetime | None = None
     uid: str = ""
+    # The tpujob.dev/unhealthy-reason annotation: which job marked the node bad, and why.
+    mark_reason: str | None = None
 
     def has_taint(self, key: str, effect: str | None = None) -> bool:
         return any(k == key and effect in (None, e) for k, e in self.taints)
@@ -232,6 +238,7 @@ def node_view(raw: Mapping[str, Any]) -> NodeView:
         unschedulable=bool(spec.get("unschedulable")),
         ready_since=parse_time(ready.get("lastTransitionTime")),
         uid=str(meta.get("uid") or ""),
+        mark_reason=_str((meta.get("annotations") or {}).get(labels.BAD_NODE_REASON)),
     )
 
 

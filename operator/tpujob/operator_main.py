@@ -95,6 +95,13 @@ def register(subparsers: Any) -> None:
         "node's TPUs count as failed (a device plugin restart recovers within it)",
     )
     p.add_argument(
+        "--lost-node-return",
+        type=float,
+        default=DEFAULT_HEALTH.lost_node_return_seconds,
+        help="seconds a node a job blamed for being lost must stay back (the same Node, Ready, "
+        "all TPUs) before that job trusts it again and takes off its mark",
+    )
+    p.add_argument(
         "--progress-interval",
         type=float,
         default=15.0,
@@ -203,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         node_health=NodeHealthSettings(
             not_ready_grace_seconds=args.node_not_ready_grace,
             tpu_shortfall_grace_seconds=args.tpu_shortfall_grace,
+            lost_node_return_seconds=args.lost_node_return,
         ),
         trusted_namespaces=tuple(args.trust_job_history),
         slice_restarts=args.slice_restarts,

@@ -45,9 +45,12 @@ class PodRejoin:
 
 @dataclass(frozen=True)
 class NodeMark:
+    """Mark a node bad for every job, or (`clear`) take off the mark whose reason is `reason`."""
+
     node: str
     action: BadNodeAction
     reason: str
+    clear: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from tpujob import diagnosis as dx
 from tpujob.api import ConditionType, LastFailure, Phase, TPUTrainingJobStatus
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
-from tpujob.failed_nodes import avoided_by, avoided_nodes, record_blames
+from tpujob.failed_nodes import avoided_by, avoided_nodes, mark_reason, record_blames
 from tpujob.failure_facts import Trouble, user_rules
 from tpujob.gcp.catalogue import pool_advice
 from tpujob.node_health import NodeHealthSettings, judge
@@ -169,7 +169,8 @@ def handle_failure(
     )
     keep: frozenset[int] = frozenset()
     if isinstance(decision, Restart):
-        blamed = avoided_by(obs) | set(decision.blame_nodes)
+        after = settings.node_health.lost_node_return_seconds
+        blamed = avoided_by(obs, now=draft.now, return_after=after) | set(decision.blame_nodes)
         keep = slices_to_keep(obs, trouble, broken, decision, settings=settings, bad_nodes=blamed)
     for pod in obs.attempt_pods(status.attempt):
         if not pod.terminal and pod.deleting_since is None and pod.slice not in keep:
@@ -182,7 +183,7 @@ def handle_failure(
     if isinstance(decision, FailJob):
         _fail(draft, d, trouble, decision)
     else:
-        _restart(obs, draft, d, trouble, decision, kept=keep)
+        _restart(obs, draft, d, trouble, decision, kept=keep, settings=settings)
 
 
 def progressed(obs: Observed) -> bool:
@@ -250,8 +251,10 @@ def _restart(
     decision: Restart,
     *,
     kept: frozenset[int],
+    settings: PlannerSettings,
 ) -> None:
     job, now = obs.job, draft.now
+    after = settings.node_health.lost_node_return_seconds
     status = job.status
     node_action = job.spec.recovery.bad_node_action
     failed = record_blames(
@@ -262,8 +265,9 @@ def _restart(
         action=node_action,
         code=str(d.code),
         now=now,
+        return_after=after,
     )
-    bad = avoided_nodes(failed, obs.nodes, node_action)
+    bad = avoided_nodes(failed, obs.nodes, node_action, now=now, return_after=after)
     keep = {
         p.slice: p.node_pool
         for p in status.current_attempt.placement
@@ -310,7 +314,9 @@ def _restart(
     for node in decision.mark_nodes:
         draft.mark_nodes.append(
             NodeMark(
-                node, job.spec.recovery.bad_node_action, f"{job.namespace}/{job.name}: {d.code}"
+                node,
+                job.spec.recovery.bad_node_action,
+                mark_reason(job.namespace, job.name, str(d.code)),
             )
         )
     draft.condition(ConditionType.RECOVERING, True, str(d.code), action)

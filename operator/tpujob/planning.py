@@ -11,12 +11,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from tpujob import labels, manifests
-from tpujob.api import BadNodeAction, ConditionStatus, ConditionType, Phase, Progress
+from tpujob.api import BadNodeAction, ConditionStatus, ConditionType, FailedNode, Phase, Progress
 from tpujob.api.attempt import AttemptStatus
-from tpujob.failed_nodes import avoided_by, repaired
+from tpujob.failed_nodes import avoided_by, mark_reason, repaired, return_due
 from tpujob.failure_facts import find_trouble
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
-from tpujob.observed import Observed, PodView
+from tpujob.observed import NodeView, Observed, PodView
 from tpujob.placement import placement, pools_of
 from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
@@ -54,10 +54,10 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     elif job.spec.suspend:
         _suspend(obs, draft)
     elif job.status.attempt == 0 or job.status.phase is Phase.SUSPENDED:
-        _new_attempt_after_start_or_resume(obs, draft)
+        _new_attempt_after_start_or_resume(obs, draft, settings)
     else:
         _reconcile_attempt(obs, draft, settings)
-    _mark_blamed_nodes(obs, draft)
+    _mark_blamed_nodes(obs, draft, settings)
     parts = breakdown(draft.status, obs.heartbeat, now=now)
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
@@ -81,55 +81,71 @@ def _shape_offered(obs: Observed, draft: Draft) -> None:
         draft.event("Warning", "ShapeNotOffered", check.message)
 
 
-def _mark_blamed_nodes(obs: Observed, draft: Draft) -> None:
+def _mark_blamed_nodes(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     """The node mark as a journaled effect: due until the node is seen marked, then never again.
 
     The decision that blames a node is written to the status before the mark is made; a crash
     in between leaves `marked` unset, and the next reconcile marks the node. Once a reconcile
     sees the mark it records so, and an administrator who later clears the mark of a repaired
-    node is not overruled.
+    node is not overruled. A node blamed for being lost that has come back and stayed healthy
+    (`failed_nodes.return_due`) has the mark this job made taken off, so that every job and
+    pool gets it back; a reconcile is asked for when that is due.
     """
-    action = obs.job.spec.recovery.bad_node_action
+    job, now = obs.job, draft.now
+    after = settings.node_health.lost_node_return_seconds
+    action = job.spec.recovery.bad_node_action
     planned = {m.node for m in draft.mark_nodes}
     updated, changed = [], False
     for failed in draft.status.failed_nodes:
         node = obs.nodes.get(failed.name)
+        reason = mark_reason(job.namespace, job.name, failed.code)
+        due = return_due(failed, node, now=now, return_after=after)
+        if due is not None and due > 0:
+            draft.requeue(due)
+        elif due is not None and node is not None and _ours(failed, node, action, reason):
+            draft.mark_nodes.append(NodeMark(failed.name, action, reason, clear=True))
         # A node recreated before its mark was seen is a new VM: the mark was for the old one.
         if (
             failed.marked
             or failed.job_only
             or node is None
             or action is BadNodeAction.NONE
-            or repaired(failed, node, action)
+            or repaired(failed, node, action, now=now, return_after=after)
         ):
             updated.append(failed)
             continue
-        if (
-            node.unschedulable
-            if action is BadNodeAction.CORDON
-            else node.has_taint(labels.BAD_NODE_TAINT)
-        ):
+        if _marked(node, action):
             updated.append(failed.model_copy(update={"marked": True}))
             changed = True
             continue
         updated.append(failed)
         if failed.name not in planned:
-            draft.mark_nodes.append(
-                NodeMark(
-                    failed.name,
-                    action,
-                    f"{obs.job.namespace}/{obs.job.name}: {failed.code or 'hard failure'}",
-                )
-            )
+            draft.mark_nodes.append(NodeMark(failed.name, action, reason))
     if changed:
         draft.update(failed_nodes=tuple(updated))
 
 
-def _new_attempt_after_start_or_resume(obs: Observed, draft: Draft) -> None:
+def _ours(failed: FailedNode, node: NodeView, action: BadNodeAction, reason: str) -> bool:
+    """Whether the mark on `node` is the one this job made for `failed`."""
+    return bool(failed.marked) and _marked(node, action) and node.mark_reason == reason
+
+
+def _marked(node: NodeView, action: BadNodeAction) -> bool:
+    if action is BadNodeAction.CORDON:
+        return node.unschedulable
+    return action is BadNodeAction.TAINT and node.has_taint(labels.BAD_NODE_TAINT)
+
+
+def _new_attempt_after_start_or_resume(
+    obs: Observed, draft: Draft, settings: PlannerSettings
+) -> None:
     job, now = obs.job, draft.now
     resuming = job.status.phase is Phase.SUSPENDED
     pools = choose_pools(
-        obs, pools_of(job.status.current_attempt) if resuming else {}, avoided_by(obs), draft=draft
+        obs,
+        pools_of(job.status.current_attempt) if resuming else {},
+        avoided_by(obs, now=now, return_after=settings.node_health.lost_node_return_seconds),
+        draft=draft,
     )
     attempt = job.status.attempt + 1
     draft.update(
@@ -218,14 +234,21 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
 
 
 def attempt_settings(
-    obs: Observed, current: AttemptStatus, pools: dict[int, str], planner: PlannerSettings
+    obs: Observed,
+    current: AttemptStatus,
+    pools: dict[int, str],
+    planner: PlannerSettings,
+    *,
+    now: datetime,
 ) -> manifests.AttemptSettings:
     """How the current attempt's pods are wired, the same at launch and when one is re-created."""
     job = obs.job
     return manifests.AttemptSettings(
         attempt=job.status.attempt,
         pools=pools,
-        bad_nodes=avoided_by(obs),
+        bad_nodes=avoided_by(
+            obs, now=now, return_after=planner.node_health.lost_node_return_seconds
+        ),
         collective_timeout_seconds=current.collective_timeout_seconds
         or planner.collective_timeout_seconds,
         rollback_step=current.rollback_step,
@@ -242,7 +265,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
         return
     # Kept pods rejoin at once, while the replaced slices' old pods still go: their trainers
     # start again and wait for the new pods at the coordinator.
-    rejoin(obs, draft, attempt_settings(obs, current, pools_of(current), planner))
+    rejoin(obs, draft, attempt_settings(obs, current, pools_of(current), planner, now=draft.now))
     if draft.rejoin_pods:
         draft.fence_attempt = job.status.attempt
         draft.create += [
@@ -253,7 +276,10 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
     if blocking:
         draft.requeue(1.0)
         return
-    pools = choose_pools(obs, pools_of(current), avoided_by(obs), draft=draft)
+    avoided = avoided_by(
+        obs, now=draft.now, return_after=planner.node_health.lost_node_return_seconds
+    )
+    pools = choose_pools(obs, pools_of(current), avoided, draft=draft)
     if len(pools) < job.spec.tpu.slices:
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
@@ -268,7 +294,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
         )
         draft.requeue(WAIT_FOR_POOL_SECONDS)
         return
-    settings = attempt_settings(obs, current, pools, planner)
+    settings = attempt_settings(obs, current, pools, planner, now=draft.now)
     draft.fence_attempt = job.status.attempt
     if not draft.rejoin_pods:
         draft.create += [
@@ -309,7 +335,7 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     pods = obs.attempt_pods(job.status.attempt)
     tpu = job.spec.tpu
     expected = tpu.slices * tpu.hosts_per_slice
-    wiring = attempt_settings(obs, current, pools_of(current), settings)
+    wiring = attempt_settings(obs, current, pools_of(current), settings, now=draft.now)
     present = {p.name for p in pods} | {
         p.name
         for p in kept_pods(obs, wiring.kept).values()

@@ -44,6 +44,9 @@ OPERATOR_ARGS = (
     "3",
     "--progress-interval",
     "2",
+    # A node brought back by a test is trusted again by the job that blamed it this soon.
+    "--lost-node-return",
+    "15",
 )
 
 

@@ -239,7 +239,7 @@ def test_collective_timeout_is_a_medium_restart_with_a_longer_timeout(
     assert env["TPUJOB_COLLECTIVE_TIMEOUT_SECONDS"] == "30"
 
 
-def test_node_down_taints_the_node_and_moves_the_slice(
+def test_node_down_taints_the_node_moves_the_slice_and_untaints_it_once_back(
     cluster: LocalCluster,
     core: client.CoreV1Api,
     namespace: str,
@@ -260,6 +260,18 @@ def test_node_down_taints_the_node_and_moves_the_slice(
     taints = {t.key for t in core.read_node(node).spec.taints or []}
     assert labels.BAD_NODE_TAINT in taints
     resumed_from_checkpoint(run, before.get("checkpointStep"))
+    # The node comes back, the same Node object, and stays Ready: the job that marked it, though
+    # finished, takes its mark off (after the operator's --lost-node-return) and still counts it.
+    cluster.tpujob("local", "fault", "node-up", node)
+
+    def unmarked() -> bool:
+        back = core.read_node(node)
+        return labels.BAD_NODE_TAINT not in {t.key for t in back.spec.taints or []} and (
+            labels.BAD_NODE_REASON not in (back.metadata.annotations or {})
+        )
+
+    wait_for(unmarked, timeout=120, what="the job's mark taken off the node that came back")
+    assert [n["name"] for n in run.status()["failedNodes"]] == [node]
 
 
 def test_unhealthy_tpu_is_hard_and_blames_that_node(

@@ -105,6 +105,13 @@ class FailedNode(StatusModel):
         "failure recurred there): this job avoids it and counts it, but it is not marked for "
         "other jobs, since a job's author controls how its program fails.",
     )
+    relapsed: bool | None = Field(
+        default=None,
+        description="True when the node, once trusted again (it came back Ready "
+        "after being lost, or its mark was cleared), failed again as the same Node object: "
+        "coming back Ready no longer ends this job's avoidance of it; a new Node object or a "
+        "cleared mark still does.",
+    )
 
 
 class LastFailure(StatusModel):

@@ -31,6 +31,7 @@ class Writer:
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.serialize = api.sanitize_for_serialization
 
     def write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Replace the status subresource; ConflictError if the job changed since it was read."""
@@ -176,6 +177,9 @@ class Writer:
             node = call(self.core.read_node, mark.node)
         except NotFoundError:
             return  # the node was deleted: nothing left to mark, and other marks still follow
+        if mark.clear:
+            self._clear_mark(node, mark)
+            return
         patch: dict[str, Any] = {
             "metadata": {"annotations": {labels.BAD_NODE_REASON: mark.reason[:256]}}
         }
@@ -192,6 +196,28 @@ class Writer:
             taints.append({"key": labels.BAD_NODE_TAINT, "value": job[:63], "effect": "NoSchedule"})
             patch["spec"] = {"taints": taints}
         with contextlib.suppress(NotFoundError):
+            call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
+
+    def _clear_mark(self, node: Any, mark: NodeMark) -> None:
+        """Take off the mark only if it is still the one `mark.reason` names, on the Node as
+        read now: the patch carries its resourceVersion, so a mark made by someone else in
+        between makes it a Conflict, and the next reconcile looks again."""
+        if (node.metadata.annotations or {}).get(labels.BAD_NODE_REASON) != mark.reason:
+            return
+        patch: dict[str, Any] = {
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {labels.BAD_NODE_REASON: None},
+            }
+        }
+        if mark.action is BadNodeAction.CORDON:
+            patch["spec"] = {"unschedulable": False}
+        else:
+            kept = [
+                self.serialize(t) for t in node.spec.taints or [] if t.key != labels.BAD_NODE_TAINT
+            ]
+            patch["spec"] = {"taints": kept}
+        with contextlib.suppress(NotFoundError, ConflictError):
             call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
 
     def event(self, body: Mapping[str, Any], spec: EventSpec) -> bool:

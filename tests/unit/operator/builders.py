@@ -62,12 +62,18 @@ def node(
     node_labels: dict[str, str] | None = None,
     uid: str | None = None,
     unschedulable: bool = False,
+    ready_since: datetime | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    conditions = [{"type": "Ready", "status": ready}]
+    ready_condition = {"type": "Ready", "status": ready}
+    if ready_since is not None:
+        ready_condition["lastTransitionTime"] = iso(ready_since)
+    conditions = [ready_condition]
     return {
         "metadata": {
             "name": name,
             "uid": uid or f"uid-{name}",
+            "annotations": annotations or {},
             "labels": {
                 labels.NODEPOOL: pool,
                 labels.ACCELERATOR: "tpu-v4-podslice",
