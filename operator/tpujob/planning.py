@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from tpujob import labels, manifests
-from tpujob.api import BadNodeAction, ConditionStatus, ConditionType, FailedNode, Phase, Progress
+from tpujob import manifests
+from tpujob.api import ConditionStatus, ConditionType, Phase, Progress
 from tpujob.api.attempt import AttemptStatus
-from tpujob.failed_nodes import avoided_by, mark_reason, repaired, return_due
+from tpujob.failed_nodes import avoided_by
 from tpujob.failure_facts import find_trouble
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
-from tpujob.observed import NodeView, Observed, PodView
+from tpujob.observed import Observed, PodView
 from tpujob.placement import placement, pools_of
-from tpujob.plan import Draft, NodeMark, Plan, PlannerSettings, PodDeletion
+from tpujob.plan import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan_failure import handle_failure
 from tpujob.plan_goodput import breakdown, ended_attempt, goodput_of
 from tpujob.plan_health import watch_training_health
+from tpujob.plan_marks import mark_blamed_nodes
 from tpujob.plan_pools import choose_pools
 from tpujob.plan_slices import abandon_if_broken, is_kept, kept_pods, rejoin
 
@@ -57,7 +58,7 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         _new_attempt_after_start_or_resume(obs, draft, settings)
     else:
         _reconcile_attempt(obs, draft, settings)
-    _mark_blamed_nodes(obs, draft, settings)
+    mark_blamed_nodes(obs, draft, settings)
     parts = breakdown(draft.status, obs.heartbeat, now=now)
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
@@ -79,61 +80,6 @@ def _shape_offered(obs: Observed, draft: Draft) -> None:
     )
     if not offered and (before is None or before.status != ConditionStatus.FALSE):
         draft.event("Warning", "ShapeNotOffered", check.message)
-
-
-def _mark_blamed_nodes(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
-    """The node mark as a journaled effect: due until the node is seen marked, then never again.
-
-    The decision that blames a node is written to the status before the mark is made; a crash
-    in between leaves `marked` unset, and the next reconcile marks the node. Once a reconcile
-    sees the mark it records so, and an administrator who later clears the mark of a repaired
-    node is not overruled. A node blamed for being lost that has come back and stayed healthy
-    (`failed_nodes.return_due`) has the mark this job made taken off, so that every job and
-    pool gets it back; a reconcile is asked for when that is due.
-    """
-    job, now = obs.job, draft.now
-    after = settings.node_health.lost_node_return_seconds
-    action = job.spec.recovery.bad_node_action
-    planned = {m.node for m in draft.mark_nodes}
-    updated, changed = [], False
-    for failed in draft.status.failed_nodes:
-        node = obs.nodes.get(failed.name)
-        reason = mark_reason(job.namespace, job.name, failed.code)
-        due = return_due(failed, node, now=now, return_after=after)
-        if due is not None and due > 0:
-            draft.requeue(due)
-        elif due is not None and node is not None and _ours(failed, node, action, reason):
-            draft.mark_nodes.append(NodeMark(failed.name, action, reason, clear=True))
-        # A node recreated before its mark was seen is a new VM: the mark was for the old one.
-        if (
-            failed.marked
-            or failed.job_only
-            or node is None
-            or action is BadNodeAction.NONE
-            or repaired(failed, node, action, now=now, return_after=after)
-        ):
-            updated.append(failed)
-            continue
-        if _marked(node, action):
-            updated.append(failed.model_copy(update={"marked": True}))
-            changed = True
-            continue
-        updated.append(failed)
-        if failed.name not in planned:
-            draft.mark_nodes.append(NodeMark(failed.name, action, reason))
-    if changed:
-        draft.update(failed_nodes=tuple(updated))
-
-
-def _ours(failed: FailedNode, node: NodeView, action: BadNodeAction, reason: str) -> bool:
-    """Whether the mark on `node` is the one this job made for `failed`."""
-    return bool(failed.marked) and _marked(node, action) and node.mark_reason == reason
-
-
-def _marked(node: NodeView, action: BadNodeAction) -> bool:
-    if action is BadNodeAction.CORDON:
-        return node.unschedulable
-    return action is BadNodeAction.TAINT and node.has_taint(labels.BAD_NODE_TAINT)
 
 
 def _new_attempt_after_start_or_resume(

@@ -338,3 +338,16 @@ def test_a_job_takes_off_only_its_own_mark_of_a_lost_node_that_came_back(
 def test_a_job_asks_to_be_woken_when_its_lost_node_has_been_back_long_enough() -> None:
     result = plan(_running_with_a_lost_node(OURS, back_since=60), now=at(60 + RETURN - 20))
     assert result.requeue_after <= 20
+
+
+def test_taking_a_mark_off_is_told_once_however_many_reconciles_see_it_due() -> None:
+    told = [
+        [
+            e.at
+            for e in plan(_running_with_a_lost_node(OURS, back_since=60), now=at(t)).events
+            if e.reason == "NodeTrustedAgain"
+        ]
+        for t in (60 + RETURN, 60 + RETURN + 7, 60 + RETURN + 90)
+    ]
+    # One Event, at the moment it fell due: its name (derived from it) is the same each time.
+    assert told == [[at(60 + RETURN)]] * 3
