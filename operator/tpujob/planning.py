@@ -8,6 +8,7 @@ job or plans the next attempt (see `tpujob.recovery`). Reads no clock and does n
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from tpujob import manifests
@@ -56,6 +57,10 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         _suspend(obs, draft)
     elif job.status.attempt == 0 or job.status.phase is Phase.SUSPENDED:
         _new_attempt_after_start_or_resume(obs, draft, settings)
+        # Launched in the same reconcile: the status planning the attempt is written before
+        # any of its pods exist, as a later reconcile's launch would be. A second round per
+        # job would queue the first launch of a burst behind every job's first reconcile.
+        _reconcile_attempt(_with_status(obs, draft), draft, settings)
     else:
         _reconcile_attempt(obs, draft, settings)
     mark_blamed_nodes(obs, draft, settings)
@@ -63,6 +68,11 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
     return draft.done()
+
+
+def _with_status(obs: Observed, draft: Draft) -> Observed:
+    """`obs` as the next reconcile would see it once the draft's status is written."""
+    return replace(obs, job=obs.job.model_copy(update={"status": draft.status}))
 
 
 def _shape_offered(obs: Observed, draft: Draft) -> None:
@@ -107,7 +117,6 @@ def _new_attempt_after_start_or_resume(
     )
     draft.condition(ConditionType.SUSPENDED, False, "Resumed" if resuming else "NotSuspended")
     draft.timeline("Resumed" if resuming else "Started", f"attempt {attempt} planned")
-    draft.requeue(0.1)
 
 
 def _suspend(obs: Observed, draft: Draft) -> None:

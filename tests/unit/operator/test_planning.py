@@ -37,7 +37,24 @@ def test_new_job_gets_attempt_one_on_a_free_healthy_pool() -> None:
     assert result.status.attempt == 1
     assert result.status.phase is Phase.STARTING
     assert [p.node_pool for p in result.status.current_attempt.placement] == ["pool-1"]
-    assert result.create == ()  # pods come in the next reconcile, after the status is on record
+    # Launched in the same reconcile: its status (written before any effect) records the
+    # attempt and the launch, and the fence goes on the Lease before the pods.
+    assert result.status.current_attempt.launched_time == T0
+    assert result.fence_attempt == 1
+    pods = [o for o in result.create if o["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["train-1-0-0", "train-1-0-1"]
+    assert all(p["spec"]["nodeSelector"][labels.NODEPOOL] == "pool-1" for p in pods), [
+        p["spec"]["nodeSelector"] for p in pods
+    ]
+
+
+def test_a_new_job_without_a_free_pool_is_planned_and_waits() -> None:
+    nodes = cluster(1, **{"pool-0-w1": {"ready": "Unknown"}})
+    result = plan(observed(job_body(), nodes=nodes), now=T0)
+    assert (result.status.attempt, result.status.phase) == (1, Phase.STARTING)
+    assert result.create == ()
+    running = result.status.condition("Running")
+    assert running is not None and running.reason == "WaitingForPool"
 
 
 def test_planned_attempt_launches_its_pods_with_the_gke_environment() -> None:
