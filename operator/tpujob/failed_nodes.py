@@ -10,11 +10,11 @@ shows it repaired:
   what it told everyone else.
 - or it was blamed only for being lost (NotReady, unreachable) and has come back, the same
   Node object, Ready with all its TPUs and stayed so for a while (`return_after`, the
-  operator's `--lost-node-return`): a kubelet
-  whose Lease renewals ran late, or a network partition, loses a node for a while without
-  anything being broken. The job then also takes off the mark it made, so that other jobs
-  and pools get the node back. This is trusted once per Node object: a node lost again
-  after it came back (`relapsed`) stays avoided until it is recreated or its mark cleared.
+  operator's `--lost-node-return`): a kubelet whose Lease renewals ran late, or a network
+  partition, loses a node for a while without anything being broken. The job then also
+  takes off the mark it made, so that other jobs and pools get the node back. This is
+  trusted once per Node object: a node lost again after it came back (`relapsed`) stays
+  avoided until it is recreated or its mark cleared.
 A job-only blame (the job's own failure recurred there; the node is never marked) ends only
 with a new Node: nothing else about the node changed, and the program may fail there again.
 A node repaired that way and blamed again is recorded afresh (new uid, marked again).
