@@ -228,6 +228,39 @@ def test_committed_step_moves_only_when_the_async_save_finished(tmp_path: Path) 
     assert checkpoints.close() == 6
 
 
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        # A peer's slice was replaced while the gang saved: the save's all-gather broke.
+        (
+            ValueError(
+                "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] "
+                "Connection closed by peer [10.198.1.24]:47822"
+            ),
+            ExitCode.COLLECTIVE_FAILURE,
+        ),
+        (OSError(errno.ENOSPC, "No space left on device"), ExitCode.CHECKPOINT_SAVE_FAILED),
+        # A storage client's own UNAVAILABLE is the storage's failure, not a lost peer.
+        (RuntimeError("UNAVAILABLE: storage backend unavailable"), ExitCode.CHECKPOINT_SAVE_FAILED),
+    ],
+    ids=["lost-peer", "disk-full", "storage-unavailable"],
+)
+def test_a_save_broken_by_a_lost_peer_is_a_lost_peer_and_any_other_a_save_failure(
+    tmp_path: Path, error: Exception, expected: ExitCode
+) -> None:
+    checkpoints = Checkpoints(str(tmp_path / "ckpt"), keep=5)
+
+    def failing_save(*_args: Any, **_kwargs: Any) -> bool:
+        raise error
+
+    checkpoints._manager.save = failing_save  # type: ignore[method-assign]
+    with pytest.raises(TrainerError) as raised:
+        checkpoints.save(3, state(3.0))
+    assert raised.value.exit_code == expected
+    assert "saving step 3" in raised.value.summary
+    checkpoints.close()
+
+
 def test_a_read_retries_only_the_errors_it_is_told_and_lets_others_through() -> None:
     slept: list[float] = []
 
