@@ -9,6 +9,7 @@ real while the machine stays unloaded.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -78,12 +79,26 @@ class LocalCluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The session's cluster. Under `pytest -n`, each worker has a cluster of its own; they
+    start one at a time, since a starting cluster picks its free ports and pod range by looking
+    at what is in use, which two starting at once could both pick."""
     state_dir = tmp_path_factory.mktemp("cluster")
-    state = controlplane.up(state_dir, TEST_POOLS, out=sys.stderr)
+    with _one_at_a_time(tmp_path_factory.getbasetemp().parent / "cluster-up.lock"):
+        state = controlplane.up(state_dir, TEST_POOLS, out=sys.stderr)
     try:
         yield LocalCluster(state_dir, state_dir / "kubeconfig", binary_dir(), state.server)
     finally:
         controlplane.down(state_dir)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -200,14 +215,26 @@ def operator(
 
 @pytest.fixture
 def healthy_nodes(cluster: LocalCluster, core: client.CoreV1Api) -> Iterator[None]:
-    """Undo every node fault and mark a test leaves behind, and wait until all are Ready."""
+    """Undo every node fault and mark a test leaves behind, and wait until all are Ready.
+
+    Faults are undone in this process, not through the CLI a test strikes with: two CLI runs
+    per node after every test cost more time than most tests' own checks."""
     yield
     from tpujob import labels
+    from tpujob.local import faults
+    from tpujob.local.agent.agent import NodeFaults, read_faults
 
     for node in core.list_node().items:
         name = node.metadata.name
-        for fault in ("node-up", "tpu-healthy"):
-            cluster.tpujob("local", "fault", fault, name)
+        if read_faults(cluster.state_dir, name) != NodeFaults():
+            faults.set_node_fault(
+                cluster.state_dir,
+                name,
+                down=False,
+                kubelet_stopped=False,
+                not_ready=False,
+                tpu_unhealthy=False,
+            )
         taints = [
             t
             for t in node.spec.taints or []
