@@ -240,10 +240,11 @@ def test_committed_step_moves_only_when_the_async_save_finished(tmp_path: Path) 
             ExitCode.COLLECTIVE_FAILURE,
         ),
         (OSError(errno.ENOSPC, "No space left on device"), ExitCode.CHECKPOINT_SAVE_FAILED),
-        # A storage client's own UNAVAILABLE is the storage's failure, not a lost peer.
+        # A storage client's own UNAVAILABLE or reset connection is the storage's failure.
         (RuntimeError("UNAVAILABLE: storage backend unavailable"), ExitCode.CHECKPOINT_SAVE_FAILED),
+        (OSError(errno.ECONNRESET, "Connection reset by peer"), ExitCode.CHECKPOINT_SAVE_FAILED),
     ],
-    ids=["lost-peer", "disk-full", "storage-unavailable"],
+    ids=["lost-peer", "disk-full", "storage-unavailable", "storage-connection-reset"],
 )
 def test_a_save_broken_by_a_lost_peer_is_a_lost_peer_and_any_other_a_save_failure(
     tmp_path: Path, error: Exception, expected: ExitCode

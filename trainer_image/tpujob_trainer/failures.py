@@ -61,27 +61,30 @@ def _is_user_code(exc: BaseException, _text: str) -> bool:
     )
 
 
-# Words only the collectives' transport and JAX's coordination service use when a peer went
-# away. Storage clients never say them, unlike the bare status UNAVAILABLE.
-PEER_TRANSPORT_WORDS = (
-    "Gloo",
-    "gloo",
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "heartbeat timeout",
-)
+# Words that name the collectives' own transport (Gloo on CPU hosts) or JAX's coordination
+# service, so an error that carries one was raised by a collective, whatever else it says. A
+# bare "Connection reset by peer" or UNAVAILABLE may come from a storage client as well.
+COLLECTIVE_WORDS = ("Gloo", "gloo", "heartbeat timeout")
 
 
 def lost_a_peer(exc: BaseException) -> bool:
-    """Whether `exc` is a collective's transport failing because a peer went away."""
-    return _text_has(*PEER_TRANSPORT_WORDS)(exc, f"{type(exc).__name__}: {exc}")
+    """Whether `exc` was raised by a collective (its transport or the coordination service)."""
+    return _text_has(*COLLECTIVE_WORDS)(exc, f"{type(exc).__name__}: {exc}")
 
 
 RULES: tuple[Rule, ...] = (
     Rule(lambda exc, _text: isinstance(exc, MemoryError), ExitCode.HOST_OOM),
     Rule(_text_has("RESOURCE_EXHAUSTED", "Out of memory"), ExitCode.HBM_OOM),
     Rule(_text_has("DEADLINE_EXCEEDED"), ExitCode.COORDINATION_TIMEOUT),
-    Rule(_text_has(*PEER_TRANSPORT_WORDS, "UNAVAILABLE"), ExitCode.COLLECTIVE_FAILURE),
+    Rule(
+        _text_has(
+            *COLLECTIVE_WORDS,
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "UNAVAILABLE",
+        ),
+        ExitCode.COLLECTIVE_FAILURE,
+    ),
     Rule(_is_shape_error, ExitCode.SHAPE_MISMATCH),
     Rule(_is_user_code, ExitCode.USER_CODE_ERROR),
 )
