@@ -36,7 +36,7 @@ from etils import epath
 
 from tpujob_trainer.collectives import gather_ints
 from tpujob_trainer.contract import ExitCode
-from tpujob_trainer.failures import TrainerError, lost_a_peer
+from tpujob_trainer.failures import TrainerError, raised_by_a_collective
 from tpujob_trainer.fencing import SaveGate
 from tpujob_trainer.restore_policy import (
     ITEM_METADATA,
@@ -139,7 +139,7 @@ class Checkpoints:
         try:
             started = bool(self._manager.save(step, args=ocp.args.StandardSave(state), force=True))
         except Exception as error:
-            if lost_a_peer(error):
+            if raised_by_a_collective(error):
                 # The save's collective broke because a peer went away (a slice restarted
                 # under this one): a lost peer, which the supervisor holds for a rejoin order,
                 # not a storage failure of this worker's own.

@@ -67,9 +67,13 @@ def _is_user_code(exc: BaseException, _text: str) -> bool:
 COLLECTIVE_WORDS = ("Gloo", "gloo", "heartbeat timeout")
 
 
-def lost_a_peer(exc: BaseException) -> bool:
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def raised_by_a_collective(exc: BaseException) -> bool:
     """Whether `exc` was raised by a collective (its transport or the coordination service)."""
-    return _text_has(*COLLECTIVE_WORDS)(exc, f"{type(exc).__name__}: {exc}")
+    return _text_has(*COLLECTIVE_WORDS)(exc, _text(exc))
 
 
 RULES: tuple[Rule, ...] = (
@@ -94,7 +98,7 @@ def classify_exception(exc: BaseException) -> ExitCode:
     """The contract code for an exception nobody handled; first matching rule wins."""
     if isinstance(exc, TrainerError):
         return exc.exit_code
-    text = f"{type(exc).__name__}: {exc}"
+    text = _text(exc)
     for rule in RULES:
         if rule.matches(exc, text):
             return rule.exit_code
