@@ -25,6 +25,7 @@ from tpujob.api import (
     ConditionType,
     InvalidJobError,
     Phase,
+    TPUTrainingJobStatus,
     parse_status,
     status_patch,
 )
@@ -115,7 +116,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         deps.forget(key)  # its claims too; its daemon's end wakes whoever waits for its pools
         return None
     try:
-        observed = await deps.read(reads, observe, reads, body)
+        observed = await deps.read(reads, observe, reads, body, partial(deps.parse, key))
     except InvalidJobError as err:
         await _report_invalid(deps, body, err)
         return INVALID_SPEC_RETRY_SECONDS
@@ -148,7 +149,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         return await _report_slow_plan(deps, body, observed)
     if released is None:
         released = deps.claim(key, result.status)
-    written = await _write_status(deps, key, body, result, now)
+    written = await _write_status(deps, key, body, result, old=observed.job.status, now=now)
     if result.ledger_blame is not None:
         await remember_blame(deps, result.ledger_blame)
     try:
@@ -158,11 +159,10 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         return await _report_refused(deps, written, err)
     _tell(deps, namespace, name, result)
     _let_go(deps, released, observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
-    deps.wakes.settled(
-        key,
-        finished=result.status.phase in (Phase.SUCCEEDED, Phase.FAILED),
-        waiting_for=_waiting_for(result, observed),
-    )
+    finished = result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    deps.wakes.settled(key, finished=finished, waiting_for=_waiting_for(result, observed))
+    if finished:
+        deps.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
     return result.requeue_after
 
 
@@ -192,7 +192,13 @@ def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str
 
 
 async def _write_status(
-    deps: Deps, key: JobKey, body: dict[str, Any], result: Plan, now: dt.datetime
+    deps: Deps,
+    key: JobKey,
+    body: dict[str, Any],
+    result: Plan,
+    *,
+    old: TPUTrainingJobStatus,
+    now: dt.datetime,
 ) -> dict[str, Any]:
     """Write the new status unless nothing changed, only the clock moved, or only progress
     changed too recently.
@@ -202,7 +208,7 @@ async def _write_status(
     date by the next write that has another reason (progress, a condition, the phase).
     """
     new_status = status_patch(result.status)
-    old_status = status_patch(parse_status(body.get("status")))
+    old_status = status_patch(old)  # `body`'s status, as observe parsed it
     if new_status == old_status:
         return body
     effects = _has_effects(result)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tpujob.api import Phase, TPUTrainingJobStatus
+from tpujob.api import Phase, TPUTrainingJob, TPUTrainingJobStatus, parse_job
 from tpujob.diagnosis.memory import NodeLedger
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
@@ -146,6 +146,10 @@ class Deps:
     # delivers it, so the next reconcile does not plan on the status it just replaced.
     written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     progress_written: dict[JobKey, dt.datetime] = field(default_factory=dict)
+    # Each live job as last parsed, by (uid, resourceVersion): a job reconciled again
+    # unchanged (polled while it waits for a pool or runs between events) is not validated
+    # again. Dropped when the job finishes or goes.
+    parsed: dict[JobKey, tuple[tuple[str, str], TPUTrainingJob]] = field(default_factory=dict)
     log_tails: OrderedDict[str, str] = field(default_factory=OrderedDict)
     recent: RecentWrites = field(default_factory=RecentWrites)
     # The node ledger (soft blames of nodes across jobs), kept in a ConfigMap of the
@@ -176,6 +180,18 @@ class Deps:
                 self.pool_claims.setdefault(slot.node_pool, key)
         return sorted(p for p in before if self.pool_claims.get(p) is None)
 
+    def parse(self, key: JobKey, body: Mapping[str, Any]) -> TPUTrainingJob:
+        """`parse_job(body)`, reusing the last parse of `key` when the body is the same
+        version of the same job (a resourceVersion names one content of one object)."""
+        meta = body.get("metadata") or {}
+        version = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+        held = self.parsed.get(key)
+        if held is not None and all(version) and held[0] == version:
+            return held[1]
+        job = parse_job(body)
+        self.parsed[key] = (version, job)
+        return job
+
     def claimed_by_others(self, key: JobKey) -> frozenset[str]:
         return frozenset(p for p, owner in self.pool_claims.items() if owner != key)
 
@@ -194,5 +210,6 @@ class Deps:
         self.wakes.forget(key)
         self.written.pop(key, None)
         self.progress_written.pop(key, None)
+        self.parsed.pop(key, None)
         self.metrics.forget_job(*key)
         self.claim(key, None)

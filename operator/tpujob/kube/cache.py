@@ -125,9 +125,17 @@ def lease_record(raw: Mapping[str, Any]) -> dict[Hashable, Heartbeat]:
 
 
 def job_record(raw: Mapping[str, Any]) -> dict[Hashable, dict[str, Any]]:
-    """The job as last seen; a deep copy, since the watch's own object keeps changing."""
-    meta = raw.get("metadata") or {}
-    return {(str(meta.get("namespace")), str(meta.get("name"))): copy.deepcopy(dict(raw))}
+    """The job as last seen: a deep copy, since the watch's own object keeps changing, of all
+    but `metadata.managedFields` (the apiserver's bookkeeping of who wrote which field, which
+    grows with every status write and which nothing here reads).
+
+    The record is read-only from then on: a later event replaces it, never changes it, so
+    reconciles share it instead of copying it again each time.
+    """
+    meta = dict(raw.get("metadata") or {})
+    meta.pop("managedFields", None)
+    key = (str(meta.get("namespace")), str(meta.get("name")))
+    return {key: copy.deepcopy({**raw, "metadata": meta})}
 
 
 def newer(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -166,8 +174,9 @@ class CachedView:
     in_memory: bool = True
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
-        body = _one(self.jobs, (namespace, name))
-        return copy.deepcopy(body) if body is not None else None
+        """The job's record, shared: read it, never change it (see `job_record`)."""
+        found: dict[str, Any] | None = _one(self.jobs, (namespace, name))
+        return found
 
     def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
         return list(self.pods.get((namespace, job), ()))

@@ -7,7 +7,7 @@ way to read a log tail). `observe` turns either into the planner's `Observed`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -138,10 +138,15 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     return bool(uid) and any(isinstance(r, Mapping) and r.get("uid") == uid for r in refs)
 
 
-def observe(reads: ClusterReads, body: Mapping[str, Any]) -> Observed:
+def observe(
+    reads: ClusterReads,
+    body: Mapping[str, Any],
+    parse: Callable[[Mapping[str, Any]], TPUTrainingJob] = parse_job,
+) -> Observed:
     """Everything the planner needs for the job whose current body is `body`, but the log
-    tails (`tails_to_read` says which; reading them is network I/O)."""
-    job: TPUTrainingJob = parse_job(body)
+    tails (`tails_to_read` says which; reading them is network I/O). `parse` turns the body
+    into the typed job (the operator's reuses the last parse of an unchanged body)."""
+    job = parse(body)
     uid = str((body.get("metadata") or {}).get("uid") or "")
     pods = tuple(
         sorted(

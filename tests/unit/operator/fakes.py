@@ -44,7 +44,15 @@ class FakeReader(CachedView):
         object.__setattr__(self, "api_unreachable", False)
 
     def replace_body(self, body: dict[str, Any]) -> None:
-        """The job as the next watch event shows it."""
+        """The job as the next watch event shows it: a newer resourceVersion than the one it
+        replaces, as every change gets from the apiserver."""
+        before = self.job_body(body["metadata"]["namespace"], body["metadata"]["name"])
+        if before is not None:
+            version = str(before["metadata"].get("resourceVersion", "0"))
+            body = {**body, "metadata": {**body["metadata"]}}
+            body["metadata"]["resourceVersion"] = (
+                str(int(version) + 1) if version.isdigit() else version
+            )
         self.jobs.clear()  # type: ignore[attr-defined]
         self.jobs.update(index([job_record(body)]))  # type: ignore[attr-defined]
 

@@ -9,7 +9,16 @@ from tests.unit.operator.builders import at, job_body, node, pod, running_status
 from tests.unit.operator.fakes import FakeReader
 
 from tpujob import contract, labels
-from tpujob.kube.cache import NodeBook, newer, node_record, pod_by_node, pod_by_pool, pod_record
+from tpujob.kube.cache import (
+    CachedView,
+    NodeBook,
+    job_record,
+    newer,
+    node_record,
+    pod_by_node,
+    pod_by_pool,
+    pod_record,
+)
 from tpujob.kube.observe import observe, tails_to_read
 from tpujob.node_health import note_tpu_shortfall
 from tpujob.observed import node_view
@@ -70,14 +79,25 @@ def test_observe_from_the_cache_keeps_only_owned_pods_and_names_the_tails_to_rea
     assert tails_to_read(seen) == [(failed["metadata"]["name"], failed["metadata"]["uid"])]
 
 
-def test_a_cached_job_body_is_a_copy_the_caller_may_change() -> None:
-    job = job_body(status=running_status())
-    view = FakeReader([], body=job)
-    first = view.job_body("team", "train")
-    assert first is not None
-    first["status"]["phase"] = "Failed"
-    again = view.job_body("team", "train")
-    assert again is not None and again["status"]["phase"] != "Failed"
+def test_a_job_record_is_the_cache_s_own_copy_without_managed_fields() -> None:
+    raw = job_body(status=running_status())
+    raw["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    record = job_record(raw)[("team", "train")]
+    raw["status"]["phase"] = "Failed"  # the watch's object changes later
+    raw["metadata"]["labels"] = {"changed": "yes"}
+    assert record["status"]["phase"] != "Failed"
+    assert "labels" not in record["metadata"]
+    assert "managedFields" not in record["metadata"]
+    assert "managedFields" in raw["metadata"]  # the watch's own object is left as it was
+
+
+def test_reconciles_share_the_job_record_instead_of_copying_it() -> None:
+    record = job_record(job_body(status=running_status()))
+    view = CachedView(
+        jobs={k: [v] for k, v in record.items()}, pods={}, pools={}, nodes={}, heartbeats={}
+    )
+    assert view.job_body("team", "train") is view.job_body("team", "train")
+    assert view.job_body("team", "gone") is None
 
 
 @pytest.mark.parametrize(

@@ -522,3 +522,28 @@ def test_the_clock_alone_never_writes_a_status(case: str, writes: bool) -> None:
     later = RecordingWriter()
     run(reader, later, now=80)
     assert ("status" in later.kinds()) is writes
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "parsed_again"),
+    [
+        (("uid-1", "7"), ("uid-1", "7"), False),  # the same version of the same job
+        (("uid-1", "7"), ("uid-1", "8"), True),  # changed since
+        (("uid-1", "7"), ("uid-2", "7"), True),  # another job under the name
+        (("uid-1", ""), ("uid-1", ""), True),  # no version to tell them apart
+    ],
+)
+def test_a_job_is_parsed_again_only_when_its_version_changed(
+    first: tuple[str, str], second: tuple[str, str], parsed_again: bool
+) -> None:
+    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+
+    def body(uid: str, version: str) -> dict[str, Any]:
+        job = job_body(status=running_status())
+        job["metadata"].update(uid=uid, resourceVersion=version)
+        return job
+
+    one = deps.parse(("team", "train"), body(*first))
+    two = deps.parse(("team", "train"), body(*second))
+    assert (one is not two) is parsed_again
+    assert two.metadata["uid"] == second[0]
