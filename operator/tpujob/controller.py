@@ -48,6 +48,10 @@ INVALID_SPEC_RETRY_SECONDS = 300.0
 # and each retry is one create call.
 REFUSED_RETRY_SECONDS = 10.0
 SLOW_PLAN_RETRY_SECONDS = 60.0
+# A new job waits this long at most for kopf's finalizer before its first reconcile (it is
+# woken as soon as the finalizer shows); past it, or for an older job, it goes on without.
+FINALIZER_WAIT_SECONDS = 10.0
+FINALIZER_POLL_SECONDS = 2.0
 # A failed container's log does not change: its tail is read once and kept (by pod uid).
 TAIL_CACHE_SIZE = 2048
 # Status fields that change with the clock alone (the goodput breakdown of a job grows with
@@ -115,6 +119,8 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     if body is None:
         deps.forget(key)  # its claims too; its daemon's end wakes whoever waits for its pools
         return None
+    if _awaits_finalizer(deps, key, body):
+        return FINALIZER_POLL_SECONDS
     try:
         observed = await deps.read(reads, observe, reads, body, partial(deps.parse, key))
     except InvalidJobError as err:
@@ -164,6 +170,34 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     if finished:
         deps.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
     return result.requeue_after
+
+
+def _awaits_finalizer(deps: Deps, key: JobKey, body: dict[str, Any]) -> bool:
+    """Whether a job created moments ago still lacks kopf's finalizer (see `Deps.finalizer`).
+
+    Only for the first `FINALIZER_WAIT_SECONDS` of the job's life as the apiserver's clock
+    tells it: a finalizer that never comes (a patch refused) delays the job, never stops it,
+    and a clock behind the apiserver's (a negative age) waits for nothing.
+    """
+    meta = body.get("metadata") or {}
+    finalizer = deps.finalizer
+    if (
+        finalizer is None
+        or finalizer in (meta.get("finalizers") or ())
+        or meta.get("deletionTimestamp")
+    ):
+        deps.awaiting_finalizer.discard(key)
+        return False
+    try:
+        created = dt.datetime.fromisoformat(str(meta.get("creationTimestamp")))
+    except ValueError:
+        return False
+    age = (deps.clock() - created).total_seconds()
+    if not 0 <= age < FINALIZER_WAIT_SECONDS:
+        deps.awaiting_finalizer.discard(key)
+        return False
+    deps.awaiting_finalizer.add(key)
+    return True
 
 
 async def _plan(deps: Deps, observed: Observed, key: JobKey, now: dt.datetime) -> Plan:

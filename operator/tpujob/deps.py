@@ -167,6 +167,13 @@ class Deps:
         default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS)
     )
     lease_access: LeaseAccess | None = None
+    # The finalizer kopf adds to a new job in the same step that starts its daemon (None: no
+    # kopf, no wait). A status written before that patch lands carries the older
+    # resourceVersion and is refused: in a burst of new jobs nearly every first reconcile
+    # planned, took a pool and then met a Conflict, and went to the back of the queue. A new
+    # job's first reconcile waits for it instead (`awaiting_finalizer`: woken when it shows).
+    finalizer: str | None = None
+    awaiting_finalizer: set[JobKey] = field(default_factory=set)
     kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
@@ -211,5 +218,6 @@ class Deps:
         self.written.pop(key, None)
         self.progress_written.pop(key, None)
         self.parsed.pop(key, None)
+        self.awaiting_finalizer.discard(key)
         self.metrics.forget_job(*key)
         self.claim(key, None)

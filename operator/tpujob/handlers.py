@@ -85,7 +85,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.watching.client_timeout = 90
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 30
-        settings.persistence.finalizer = f"{GROUP}/operator"
+        settings.persistence.finalizer = labels.FINALIZER
         # One line per watch event of every pod, node and Lease is noise at scale (and CPU):
         # kopf's own per-handler lines only when something went wrong.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -182,6 +182,18 @@ def register(registry: kopf.OperatorRegistry) -> None:
             released = memo.claim(key, None)
             memo.wakes.forget(key)
             release_pools(memo, released, spec.get("tpu") or {})
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def job_changed(
+        *, namespace: str | None, name: str | None, meta: kopf.Meta, memo: Any, **_: Any
+    ) -> None:
+        """A new job's daemon waits for kopf's finalizer (see `Deps.finalizer`): go on as
+        soon as the watch shows it. Other changes of a job wait for its next reconcile."""
+        assert isinstance(memo, Deps)
+        key = (namespace or "", name or "")
+        if key in memo.awaiting_finalizer and labels.FINALIZER in (meta.get("finalizers") or ()):
+            memo.awaiting_finalizer.discard(key)
+            memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "pods", labels={labels.JOB: kopf.PRESENT}, registry=registry)
     async def pod_changed(

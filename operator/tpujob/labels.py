@@ -10,6 +10,8 @@ SLICE = f"{GROUP}/slice"
 WORKER = f"{GROUP}/worker"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "tpujob-operator"
+# The finalizer kopf keeps on every job while its daemon runs.
+FINALIZER = f"{GROUP}/operator"
 
 # The taint put on a node blamed for a hard failure (spec.recovery.badNodeAction: taint).
 BAD_NODE_TAINT = f"{GROUP}/unhealthy"

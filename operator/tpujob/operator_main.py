@@ -13,6 +13,7 @@ import os
 import random
 from typing import Any
 
+from tpujob import labels
 from tpujob.native_memory import TRIM_INTERVAL_SECONDS, limit_arenas, trim
 from tpujob.node_health import DEFAULT_HEALTH, NodeHealthSettings
 from tpujob.plan import PlannerSettings
@@ -225,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         ledger_namespace=args.ledger_namespace or None,
         catalogue_refresh_seconds=args.gcp_refresh_hours * 3600,
         kopf_connections=kopf_connection_limit(tuple(args.namespace)),
+        finalizer=labels.FINALIZER,
     )
     own_namespace = os.environ.get("POD_NAMESPACE")
     if args.lease_role and args.service_account and own_namespace:

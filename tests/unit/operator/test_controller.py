@@ -8,11 +8,25 @@ import time
 from typing import Any
 
 import pytest
-from tests.unit.operator.builders import at, cluster, job_body, pod, running_status, trainer_message
+from tests.unit.operator.builders import (
+    at,
+    cluster,
+    iso,
+    job_body,
+    pod,
+    running_status,
+    trainer_message,
+)
 from tests.unit.operator.fakes import FakeReader, RecordingWriter, index
 
 from tpujob import contract
-from tpujob.controller import REFUSED_RETRY_SECONDS, SLOW_PLAN_RETRY_SECONDS, Deps, reconcile
+from tpujob.controller import (
+    FINALIZER_POLL_SECONDS,
+    REFUSED_RETRY_SECONDS,
+    SLOW_PLAN_RETRY_SECONDS,
+    Deps,
+    reconcile,
+)
 from tpujob.kube.cache import lease_record
 from tpujob.kube.errors import (
     ConflictError,
@@ -547,3 +561,26 @@ def test_a_job_is_parsed_again_only_when_its_version_changed(
     two = deps.parse(("team", "train"), body(*second))
     assert (one is not two) is parsed_again
     assert two.metadata["uid"] == second[0]
+
+
+@pytest.mark.parametrize(
+    ("finalizers", "age_seconds", "waits"),
+    [
+        ([], 1.0, True),  # created a moment ago, kopf's patch not seen yet
+        (["tpujob.dev/operator"], 1.0, False),  # it landed: go on
+        ([], 30.0, False),  # it never came: the job is delayed, never stopped
+        ([], -5.0, False),  # a clock behind the apiserver's waits for nothing
+    ],
+)
+def test_a_new_job_waits_for_kopf_s_finalizer_before_its_first_status_write(
+    finalizers: list[str], age_seconds: float, waits: bool
+) -> None:
+    job = job_body()
+    job["metadata"]["finalizers"] = finalizers
+    job["metadata"]["creationTimestamp"] = iso(at(20 - age_seconds))
+    writer = RecordingWriter()
+    deps = Deps(reader=FakeReader([], body=job), writer=writer, finalizer="tpujob.dev/operator")  # type: ignore[arg-type]
+    delay = run(deps.reader, writer, deps, now=20)  # type: ignore[arg-type]
+    assert (writer.calls == []) is waits
+    assert (("team", "train") in deps.awaiting_finalizer) is waits
+    assert (delay == FINALIZER_POLL_SECONDS) is waits

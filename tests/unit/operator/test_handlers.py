@@ -153,3 +153,33 @@ def test_login_caps_kopfs_session_at_the_deps_connection_limit(
     assert isinstance(found, kopf.AiohttpSession)
     assert found.server == "https://127.0.0.1:6443"
     assert (connections, authorization) == (limit, "Bearer secret-token")
+
+
+@pytest.mark.parametrize(
+    ("awaiting", "finalizers", "woken"),
+    [
+        (True, ["tpujob.dev/operator"], True),  # the finalizer it waits for has landed
+        (True, [], False),  # another change: the wait goes on
+        (False, ["tpujob.dev/operator"], False),  # a job not waiting: its own writes wake nothing
+    ],
+)
+def test_a_job_event_wakes_its_daemon_only_when_the_awaited_finalizer_lands(
+    awaiting: bool, finalizers: list[str], woken: bool
+) -> None:
+    import asyncio
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    handler = next(h for h in registry._watching.get_all_handlers() if h.id.endswith("job_changed"))
+    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+    key = ("team", "train")
+    if awaiting:
+        deps.awaiting_finalizer.add(key)
+
+    async def event() -> bool:
+        waker = deps.wakes.waker(key)
+        await handler.fn(namespace="team", name="train", meta={"finalizers": finalizers}, memo=deps)
+        return waker.is_set()
+
+    assert asyncio.run(event()) is woken
+    assert (key in deps.awaiting_finalizer) is (awaiting and not woken)
