@@ -34,7 +34,7 @@ binaries: system-deps
 # chart's copy of it, and the operator's copy of the trainer contract.
 generate: venv
 	$(PY) -m tpujob.crdgen write
-	cp trainer_image/tpujob_trainer/contract.py operator/tpujob/contract.py
+	cp trainer_image/tpujob_trainer/contract.py operator/tpujob/api/contract.py
 
 lint: venv
 	$(VENV)/bin/ruff check operator trainer_image tests bench

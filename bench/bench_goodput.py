@@ -54,10 +54,10 @@ from bench_recovery import heal_all, repair_node, until  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from scale import peers  # noqa: E402
 
-from tpujob import contract, labels, manifests  # noqa: E402
-from tpujob.api import GROUP, PLURAL, VERSION, parse_job  # noqa: E402
+from tpujob.api import GROUP, PLURAL, VERSION, contract, labels, parse_job  # noqa: E402
 from tpujob.local import controlplane, faults  # noqa: E402
 from tpujob.local.binaries import binary_dir  # noqa: E402
+from tpujob.plan import manifests  # noqa: E402
 
 POOLS = controlplane.PoolOptions(
     pools=3, accelerator="tpu-v4-podslice", topology="2x2x2", spare_nodes=1

@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from tpujob import labels  # noqa: E402
-from tpujob.api import GROUP, PLURAL, VERSION  # noqa: E402
+from tpujob.api import GROUP, PLURAL, VERSION, labels  # noqa: E402
 from tpujob.local import controlplane, faults  # noqa: E402
 from tpujob.local.binaries import binary_dir  # noqa: E402
 

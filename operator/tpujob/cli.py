@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("local", "tpujob.local.cli"),
     ("diagnose", "tpujob.diagnosis.cli"),
-    ("operator", "tpujob.operator_main"),
+    ("operator", "tpujob.controller.main"),
     ("crd", "tpujob.crdgen"),
     ("get", "tpujob.console"),
     ("describe", "tpujob.console"),

@@ -20,8 +20,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
-from tpujob import labels
-from tpujob.api import GROUP, PLURAL, VERSION, parse_job
+from tpujob.api import GROUP, PLURAL, VERSION, labels, parse_job
 from tpujob.console import describe_lines
 from tpujob.local import controlplane, faults
 from tpujob.local.binaries import binary_dir

@@ -71,7 +71,8 @@ OWN_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
 }
 USER_ROLES = {"tpujob-edit", "tpujob-view"}
 
-# The metric names the operator exports (tpujob.metrics); the dashboard may query only these.
+# The metric names the operator exports (tpujob.controller.metrics); the dashboard may query
+# only these.
 EXPORTED_METRICS = {
     "tpujob_jobs",
     "tpujob_failures_total",

@@ -42,9 +42,9 @@ def message(**overrides: str) -> TerminationMessage:
 
 def test_operator_copy_is_byte_identical_to_the_trainer_contract() -> None:
     trainer = ROOT / "trainer_image" / "tpujob_trainer" / "contract.py"
-    operator = ROOT / "operator" / "tpujob" / "contract.py"
+    operator = ROOT / "operator" / "tpujob" / "api" / "contract.py"
     assert operator.read_bytes() == trainer.read_bytes(), (
-        "operator/tpujob/contract.py drifted; copy the trainer's contract over it"
+        "operator/tpujob/api/contract.py drifted; copy the trainer's contract over it"
     )
 
 

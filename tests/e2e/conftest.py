@@ -217,7 +217,7 @@ def healthy_nodes(cluster: LocalCluster, core: client.CoreV1Api) -> Iterator[Non
     Faults are undone in this process, not through the CLI a test strikes with: two CLI runs
     per node after every test took 15-19 s."""
     yield
-    from tpujob import labels
+    from tpujob.api import labels
     from tpujob.local import faults
 
     for node in core.list_node().items:

@@ -18,7 +18,6 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpujob import topology
 from tpujob.api import (
     GROUP,
     PLURAL,
@@ -29,6 +28,7 @@ from tpujob.api import (
     TPUTrainingJobStatus,
     parse_status,
     status_patch,
+    topology,
 )
 
 pytestmark = pytest.mark.cluster

@@ -18,7 +18,7 @@ from kubernetes import client
 from tests.e2e.conftest import CHART, LocalCluster, delete_namespace, wait_for
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, assert_recovered, training_job
 
-from tpujob import labels
+from tpujob.api import labels
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.usefixtures("healthy_nodes")]
 

@@ -11,7 +11,7 @@ from tests.e2e.conftest import LocalCluster
 from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import Run, training_job
 
-from tpujob import labels
+from tpujob.api import labels
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("operator", "healthy_nodes")]
 

@@ -17,7 +17,7 @@ from tests.e2e.conftest import LocalCluster, wait_for
 from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, training_job
 
-from tpujob import contract, labels
+from tpujob.api import contract, labels
 
 pytestmark = [
     pytest.mark.cluster,

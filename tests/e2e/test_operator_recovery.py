@@ -18,8 +18,7 @@ from kubernetes import client
 from tests.e2e.conftest import LocalCluster, wait_for
 from tests.e2e.operator_fixture import OperatorProcess, job_status, wait_status
 
-from tpujob import labels
-from tpujob.api import GROUP, PLURAL, VERSION
+from tpujob.api import GROUP, PLURAL, VERSION, labels
 
 pytestmark = [
     pytest.mark.cluster,

@@ -1,7 +1,7 @@
 """Trainer pods against the apiserver's own Pod Security admission, the chart's hostPath policy,
 and a restricted job checkpointing to a PersistentVolumeClaim on the local node.
 
-The pods are the manifests the operator would create (`tpujob.manifests`); admission is judged
+The pods are the manifests the operator would create (`tpujob.plan.manifests`); admission is judged
 by server-side dry-run, so nothing runs except in the claim test, where the node agent runs the
 pod for real.
 """
@@ -25,10 +25,10 @@ from tests.e2e.test_operator_recovery import (
     resumed_from_checkpoint,
     training_job,
 )
-from tests.unit.operator.test_manifests_security import HOSTPATH_CASES
+from tests.unit.test_manifests_security import HOSTPATH_CASES
 
-from tpujob import manifests, pod_security
 from tpujob.api import GROUP, PLURAL, VERSION, parse_job
+from tpujob.plan import manifests, pod_security
 
 pytestmark = pytest.mark.cluster
 

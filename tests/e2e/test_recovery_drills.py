@@ -38,9 +38,8 @@ from tests.e2e.conftest import (
 from tests.e2e.operator_fixture import OPERATOR_ARGS, OperatorProcess
 from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
 
-from tpujob import labels
-from tpujob.api import GROUP, PLURAL, VERSION
-from tpujob.contract import ExitCode
+from tpujob.api import GROUP, PLURAL, VERSION, labels
+from tpujob.api.contract import ExitCode
 from tpujob.local import controlplane, faults
 from tpujob.local.binaries import binary_dir
 

@@ -20,7 +20,7 @@ from tests.e2e.test_operator_recovery import (
     training_job,
 )
 
-from tpujob import contract, labels
+from tpujob.api import contract, labels
 
 pytestmark = [
     pytest.mark.cluster,

@@ -22,7 +22,7 @@ from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
 
 from tpujob.api import GROUP, PLURAL, VERSION, parse_job
-from tpujob.manifests import AttemptSettings, trainer_pod
+from tpujob.plan.manifests import AttemptSettings, trainer_pod
 
 pytestmark = [
     pytest.mark.cluster,

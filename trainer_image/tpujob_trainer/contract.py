@@ -1,7 +1,7 @@
 """The failure contract between the tpujob trainer and the tpujob operator.
 
 This module is the one source of the contract. It uses the standard library only, and
-`make generate` copies it byte for byte to `operator/tpujob/contract.py`; a test fails when the
+`make generate` copies it byte for byte to `operator/tpujob/api/contract.py`; a test fails when the
 two drift. Both sides test against it: the trainer writes what `encode_termination_message`
 produces, the operator reads it with `parse_termination_message`.
 

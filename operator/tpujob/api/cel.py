@@ -1,6 +1,6 @@
 """CEL admission rules generated from the TPU topology table.
 
-Pure functions from `tpujob.topology` to `x-kubernetes-validations` entries, so the table in
+Pure functions from `tpujob.api.topology` to `x-kubernetes-validations` entries, so the table in
 one module decides both what the models accept and what the apiserver accepts. Each message
 names the field and lists what is allowed, because the message is all a user sees from
 `kubectl apply`.
@@ -12,7 +12,7 @@ import json
 
 from pydantic.config import JsonDict
 
-from tpujob import topology
+from tpujob.api import topology
 from tpujob.api.base import cel
 
 

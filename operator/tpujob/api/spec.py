@@ -1,6 +1,6 @@
 """spec of a TPUTrainingJob: the slices to run on, the trainer, checkpoints and recovery.
 
-Part of the API layer (pydantic and `tpujob.topology` only). Hosts per slice and chips per
+Part of the API layer (pydantic and `tpujob.api.topology` only). Hosts per slice and chips per
 host are derived from the accelerator/topology table; users never type them.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from tpujob import topology as topology_table
 from tpujob.api import cel as topology_cel
 from tpujob.api import constants as c
+from tpujob.api import topology as topology_table
 from tpujob.api.base import DnsSubdomain, SpecModel, cel, validations
 from tpujob.api.enums import Framework
 from tpujob.api.recovery import RecoverySpec

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from tpujob import contract
+from tpujob.api import contract
 from tpujob.diagnosis import facts as f
 from tpujob.diagnosis.exceptions import grade_exception
 from tpujob.diagnosis.linear import compile_linear

@@ -19,7 +19,7 @@ __all__ = ["FailureClass"]
 class FailureCode(enum.StrEnum):
     """Stable failure codes; the trainer contract's codes are a subset."""
 
-    # Codes the trainer contract also uses (tpujob.contract.EXIT_CODES).
+    # Codes the trainer contract also uses (tpujob.api.contract.EXIT_CODES).
     UNKNOWN = "UNKNOWN"
     CONFIG_ERROR = "CONFIG_ERROR"
     DEVICE_FALLBACK_TO_CPU = "DEVICE_FALLBACK_TO_CPU"

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from tpujob import labels, topology
-from tpujob.api import GROUP, PLURAL, VERSION, ConditionStatus, ConditionType
+from tpujob.api import GROUP, PLURAL, VERSION, ConditionStatus, ConditionType, labels, topology
 from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
 
 CRD_NAME = f"{PLURAL}.{GROUP}"

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tpujob.api import GROUP, PLURAL, VERSION
+from tpujob.api.labels import TPU_RESOURCE
 from tpujob.doctor.checks import (
     CRD_NAME,
     OPERATOR_APP,
@@ -26,7 +27,6 @@ from tpujob.doctor.checks import (
     exit_status,
 )
 from tpujob.gcp.catalogue import Catalogue
-from tpujob.labels import TPU_RESOURCE
 
 STYLE = {Level.OK: "green", Level.INFO: "cyan", Level.WARNING: "yellow", Level.PROBLEM: "red"}
 

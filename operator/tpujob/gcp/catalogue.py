@@ -3,7 +3,7 @@
 The Cloud TPU API names a shape by type (`v5litepod-16`) and by an accelerator config
 (generation enum `V5LITE_POD`, topology `4x4`); GKE names it by the node labels
 `cloud.google.com/gke-tpu-accelerator` and `cloud.google.com/gke-tpu-topology`. `GENERATIONS`
-is the one table between the two; the type name comes from `tpujob.topology`.
+is the one table between the two; the type name comes from `tpujob.api.topology`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from tpujob import topology
-from tpujob.topology import Generation
+from tpujob.api import topology
+from tpujob.api.topology import Generation
 
 # tpujob generation -> the Cloud TPU API's AcceleratorConfig.Type name. A generation missing
 # here (tpu7x) is not in the catalogue's enum: the catalogue says nothing about it.

@@ -15,10 +15,9 @@ from typing import Any
 
 from kubernetes import client
 
-from tpujob import contract, labels
-from tpujob.api import GROUP, PLURAL, VERSION, BadNodeAction
+from tpujob.api import GROUP, PLURAL, VERSION, BadNodeAction, contract, labels
 from tpujob.kube.errors import ConflictError, KubeError, NotFoundError, call
-from tpujob.plan import EventSpec, NodeMark, PodDeletion, PodRejoin
+from tpujob.plan.result import EventSpec, NodeMark, PodDeletion, PodRejoin
 
 EVENT_MESSAGE_LIMIT = 1024
 MERGE_PATCH = "application/merge-patch+json"

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from tpujob import labels
-from tpujob.observed import Heartbeat, NodeView, PodView, heartbeat_view, node_view, pod_view
-from tpujob.redact import redact
+from tpujob.api import labels
+from tpujob.observed.redact import redact
+from tpujob.observed.views import Heartbeat, NodeView, PodView, heartbeat_view, node_view, pod_view
 
 Index = Mapping[Hashable, Iterable[Any]]
 JobKey = tuple[str, str]

@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from tpujob import labels, manifests
-from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, parse_job
+from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, labels, parse_job
 from tpujob.kube.cache import PodRecord, pod_by_pool, pod_record
 from tpujob.kube.errors import KubeError, NotFoundError, call
-from tpujob.observed import Heartbeat, NodeView, Observed, heartbeat_view, node_view
-from tpujob.redact import redact
+from tpujob.observed.redact import redact
+from tpujob.observed.views import Heartbeat, NodeView, Observed, heartbeat_view, node_view
+from tpujob.plan import manifests
 
 LOG_TAIL_LINES = 80
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tpujob import topology
+from tpujob.api import topology
 from tpujob.api.schema import PRINTER_COLUMNS, custom_resource_definition, open_api_schema
 
 Node = dict[str, Any]

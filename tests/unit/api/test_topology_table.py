@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpujob import topology
-from tpujob.topology import Generation
+from tpujob.api import topology
+from tpujob.api.topology import Generation
 
 
 @pytest.mark.parametrize(

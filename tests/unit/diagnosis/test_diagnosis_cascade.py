@@ -96,7 +96,7 @@ def test_job_without_failed_workers_but_stalled_heartbeat_is_a_hang() -> None:
 def test_a_killed_worker_is_the_root_of_a_peers_reported_collective_failure() -> None:
     from datetime import UTC, datetime
 
-    from tpujob import contract
+    from tpujob.api import contract
     from tpujob.diagnosis import JobFacts, WorkerFacts, diagnose_job
 
     same_second = datetime(2026, 1, 1, tzinfo=UTC)

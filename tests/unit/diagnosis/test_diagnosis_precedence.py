@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpujob import contract
+from tpujob.api import contract
 from tpujob.diagnosis import (
     FailureClass,
     FailureCode,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tpujob import contract
+from tpujob.api import contract
 from tpujob.diagnosis import FailureCode, RuleTableError, default_rule_table, parse_rule_table
 
 

@@ -36,7 +36,7 @@ class NodeSpec:
 
 def slice_shape(accelerator: str, topology: str) -> tuple[int, int]:
     """(hosts, chips per host) of one slice, from the GKE TPU table."""
-    from tpujob import topology as table
+    from tpujob.api import topology as table
 
     shape = table.resolve(accelerator, topology)
     return shape.hosts, shape.chips_per_host

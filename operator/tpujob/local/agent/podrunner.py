@@ -18,7 +18,7 @@ from tpujob.local import network
 from tpujob.local.agent import claims, sandbox
 from tpujob.local.agent.lookups import ApiLookups
 from tpujob.local.agent.runtime import ContainerRuntime, PodRuntime
-from tpujob.training_health import quantity_bytes
+from tpujob.observed.training import quantity_bytes
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 

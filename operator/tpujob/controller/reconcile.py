@@ -1,0 +1,496 @@
+"""One reconcile of one job: observe -> plan -> write status once -> act -> tell.
+
+The async shell around the pure planner. Reads come from the watch-fed cache (`Deps.view`)
+in the event loop; client calls are blocking, so they and the planning run in worker threads;
+the status is written before any effect, and Events and metrics only after the status write
+succeeded (a failed write leaves nothing half-told). A status that differs only in progress
+numbers is written at most once per `progress_interval_seconds`, and one that differs only in
+what the clock moves (the goodput breakdown) is not written on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from tpujob.api import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    InvalidJobError,
+    Phase,
+    TPUTrainingJobStatus,
+    labels,
+    parse_status,
+    status_patch,
+)
+from tpujob.controller.deps import Deps
+from tpujob.controller.ledger_store import ledger_rows, remember_blame
+from tpujob.controller.wakeups import JobKey, Shape
+from tpujob.kube.cache import newer
+from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError, UnavailableError
+from tpujob.kube.observe import ClusterReads, observe, tails_to_read, with_tails
+from tpujob.observed.nodes import track_tpu_shortfall
+from tpujob.observed.views import Observed
+from tpujob.plan.planner import plan
+from tpujob.plan.result import EventSpec, Plan
+
+__all__ = ["Deps", "reconcile", "refresh_catalogue", "release_pools"]
+
+log = logging.getLogger("tpujob.controller.reconcile")
+INVALID_SPEC_RETRY_SECONDS = 300.0
+# A refused pod is retried this often: a raised quota or a fixed policy takes effect soon,
+# and each retry is one create call.
+REFUSED_RETRY_SECONDS = 10.0
+SLOW_PLAN_RETRY_SECONDS = 60.0
+# A new job waits this long at most for kopf's finalizer before its first reconcile (it is
+# woken as soon as the finalizer shows); past it, or for an older job, it goes on without.
+FINALIZER_WAIT_SECONDS = 10.0
+FINALIZER_POLL_SECONDS = 2.0
+# A failed container's log does not change: its tail is read once and kept (by pod uid).
+TAIL_CACHE_SIZE = 2048
+# Status fields that change with the clock alone (the goodput breakdown of a job grows with
+# its wall time in every phase): never a reason to write on their own.
+CLOCK_FIELDS = ("goodput", "goodputBreakdown")
+# Status fields that follow the heartbeat; a change to these alone may wait.
+PROGRESS_FIELDS = ("progress", *CLOCK_FIELDS)
+
+
+async def refresh_catalogue(deps: Deps) -> None:
+    """Keep the zone catalogue fresh for as long as the operator runs (a task of its own:
+    a slow or unreachable Cloud TPU API never holds a reconcile)."""
+    source = deps.catalogue
+    if source is None:
+        return
+    while True:
+        await deps.run(source.refresh)
+        await asyncio.sleep(deps.catalogue_refresh_seconds)
+
+
+async def reconcile(
+    deps: Deps, namespace: str, name: str, woken_at: float | None = None
+) -> float | None:
+    """Reconcile once; returns seconds until the next reconcile, None when the job is gone.
+
+    At most `RECONCILE_SLOTS` reconciles run at once (in the order they asked). `woken_at`
+    (monotonic) is when an event woke the job: wake-to-start latency includes the wait for a
+    slot, the reconcile's duration does not.
+    """
+    async with deps.reconcile_slots:
+        if woken_at is not None:
+            deps.metrics.wake_seconds.observe(time.monotonic() - woken_at)
+        started = time.perf_counter()
+        try:
+            if deps.api_down:
+                await _api_back(deps)
+            return await _reconcile(deps, namespace, name)
+        except UnavailableError:
+            deps.api_down = True
+            raise
+        finally:
+            deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+
+async def _api_back(deps: Deps) -> None:
+    """After an outage, plan nothing until the API answers: the cache and every heartbeat in
+    it are as old as the outage, and no trainer could renew its heartbeat meanwhile.
+
+    One probe at a time: a thousand jobs retrying do not send a thousand probes to an
+    apiserver that is coming back; those queued behind a probe that succeeded go on at once.
+    """
+    async with deps.api_probe_lock:
+        if not deps.api_down:
+            return
+        await deps.run(deps.reader.api_answers)
+        deps.api_down = False
+        deps.api_reachable_since = deps.clock()
+
+
+async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
+    key = (namespace, name)
+    reads: ClusterReads = deps.view if deps.view is not None else deps.reader
+    cached = await deps.read(reads, reads.job_body, namespace, name)
+    body = _fresher(deps, key, cached)
+    if body is None:
+        deps.forget(key)  # its claims too; its daemon's end wakes whoever waits for its pools
+        return None
+    if _awaits_finalizer(deps, key, body):
+        return FINALIZER_POLL_SECONDS
+    try:
+        observed = await deps.read(reads, observe, reads, body, partial(deps.parse, key))
+    except InvalidJobError as err:
+        await _report_invalid(deps, body, err)
+        return INVALID_SPEC_RETRY_SECONDS
+    observed = with_tails(observed, await _tails(deps, namespace, tails_to_read(observed)))
+    now = deps.clock()
+    if reads is not deps.view:  # with the cache, the node event handler keeps the record
+        deps.tpu_short_since = track_tpu_shortfall(
+            deps.tpu_short_since, observed.nodes.values(), now=now
+        )
+    deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
+    observed = replace(
+        observed,
+        tpu_short_since=deps.tpu_short_since,
+        catalogue=deps.catalogue.catalogue if deps.catalogue else None,
+        node_blames=ledger_rows(deps),
+        api_reachable_since=deps.api_reachable_since,
+    )
+    # Most plans keep the placement they had; those plan without the placement lock, so a
+    # thousand running jobs do not queue behind one another. A plan that places pools is made
+    # again under the lock, on the claims as they are then (plans are pure: same inputs, same
+    # plan), and its claim is taken in that same step.
+    try:
+        result = await _plan(deps, observed, key, now)
+        released = None
+        if _places(result, observed):
+            async with deps.placement_lock:
+                result = await _plan(deps, observed, key, now)
+                released = deps.claim(key, result.status)
+    except TimeoutError:
+        return await _report_slow_plan(deps, body, observed)
+    if released is None:
+        released = deps.claim(key, result.status)
+    written = await _write_status(deps, key, body, result, old=observed.job.status, now=now)
+    if result.ledger_blame is not None:
+        await remember_blame(deps, result.ledger_blame)
+    try:
+        await deps.run(_act, deps, body, result)
+    except PodsRefusedError as err:
+        _tell(deps, namespace, name, result)
+        return await _report_refused(deps, written, err)
+    _tell(deps, namespace, name, result)
+    _let_go(deps, released, observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
+    finished = result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    deps.wakes.settled(key, finished=finished, waiting_for=_waiting_for(result, observed))
+    if finished:
+        deps.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
+    return result.requeue_after
+
+
+def _awaits_finalizer(deps: Deps, key: JobKey, body: dict[str, Any]) -> bool:
+    """Whether a job created moments ago still lacks kopf's finalizer (see `Deps.finalizer`).
+
+    Only for the first `FINALIZER_WAIT_SECONDS` of the job's life as the apiserver's clock
+    tells it: a finalizer that never comes (a patch refused) delays the job, never stops it,
+    and a clock behind the apiserver's (a negative age) waits for nothing.
+    """
+    meta = body.get("metadata") or {}
+    finalizer = deps.finalizer
+    if (
+        finalizer is None
+        or finalizer in (meta.get("finalizers") or ())
+        or meta.get("deletionTimestamp")
+    ):
+        deps.awaiting_finalizer.discard(key)
+        return False
+    try:
+        created = dt.datetime.fromisoformat(str(meta.get("creationTimestamp")))
+    except ValueError:
+        return False
+    age = (deps.clock() - created).total_seconds()
+    if not 0 <= age < FINALIZER_WAIT_SECONDS:
+        deps.awaiting_finalizer.discard(key)
+        return False
+    deps.awaiting_finalizer.add(key)
+    return True
+
+
+async def _plan(deps: Deps, observed: Observed, key: JobKey, now: dt.datetime) -> Plan:
+    """Plan in a worker thread within the budget, avoiding the pools other jobs hold now."""
+    seen = replace(observed, busy_pools=observed.busy_pools | deps.claimed_by_others(key))
+    return await asyncio.wait_for(
+        deps.run(partial(plan, seen, now=now, settings=deps.settings)),
+        timeout=deps.plan_budget_seconds,
+    )
+
+
+def _places(result: Plan, observed: Observed) -> bool:
+    """Whether the plan chose pools: its placement differs from the one the job had."""
+    return result.status.current_attempt.placement != observed.job.status.current_attempt.placement
+
+
+def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cache's body, or the one this operator last wrote when the watch is behind."""
+    if cached is None:
+        return None  # deleted: what was written before no longer matters
+    mine = deps.written.get(key)
+    best = newer(cached, mine)
+    if best is cached:
+        deps.written.pop(key, None)
+    return dict(best) if best is not None else None
+
+
+async def _write_status(
+    deps: Deps,
+    key: JobKey,
+    body: dict[str, Any],
+    result: Plan,
+    *,
+    old: TPUTrainingJobStatus,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """Write the new status unless nothing changed, only the clock moved, or only progress
+    changed too recently.
+
+    A thousand jobs waiting for pools would otherwise each rewrite their goodput breakdown
+    every progress interval, though nothing happened to them: the breakdown is brought up to
+    date by the next write that has another reason (progress, a condition, the phase).
+    """
+    new_status = status_patch(result.status)
+    old_status = status_patch(old)  # `body`'s status, as observe parsed it
+    if new_status == old_status:
+        return body
+    effects = _has_effects(result)
+    if _only_changed(old_status, new_status, CLOCK_FIELDS) and not effects:
+        return body
+    if _only_changed(old_status, new_status, PROGRESS_FIELDS) and not effects:
+        last = deps.progress_written.get(key)
+        if last is not None and (now - last).total_seconds() < deps.wakes.progress_interval_seconds:
+            return body
+    written = await deps.run(deps.writer.write_status, body, new_status)
+    deps.written[key] = written
+    deps.progress_written[key] = now
+    return written
+
+
+def _only_changed(old: dict[str, Any], new: dict[str, Any], fields: tuple[str, ...]) -> bool:
+    def rest(status: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in status.items() if k not in fields}
+
+    return rest(old) == rest(new)
+
+
+def _has_effects(result: Plan) -> bool:
+    return bool(
+        result.create
+        or result.delete_pods
+        or result.rejoin_pods
+        or result.mark_nodes
+        or result.events
+        or result.delete_job
+        or result.fence_attempt is not None
+    )
+
+
+def _waiting_for(result: Plan, observed: Observed) -> Shape | None:
+    running = result.status.condition(ConditionType.RUNNING)
+    if (
+        running is None
+        or running.reason != "WaitingForPool"
+        or result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    ):
+        return None
+    return (observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
+
+
+def _let_go(
+    deps: Deps, pools: list[str], accelerator: str | None = None, topology: str | None = None
+) -> None:
+    """Pools a job no longer claims: wake a waiting job for each that no pod still holds."""
+    view = deps.view
+    if not pools or view is None or accelerator is None or topology is None:
+        return
+    free = [p for p in pools if not view.pool_holders(p)]
+    if free:
+        deps.wakes.pool_freed((accelerator, topology), at=time.monotonic(), count=len(free))
+
+
+def release_pools(deps: Deps, pools: list[str], tpu: Any) -> None:
+    """`_let_go` for a job whose daemon stopped; `tpu` is its spec.tpu as the watch shows it."""
+    accelerator, topology = tpu.get("accelerator"), tpu.get("topology")
+    _let_go(
+        deps, pools, str(accelerator) if accelerator else None, str(topology) if topology else None
+    )
+
+
+async def _tails(deps: Deps, namespace: str, pods: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Log tails of failed pods, each read once: a failed container's log does not change
+    (kept by pod uid, so a job re-applied under its old name never gets an old tail)."""
+    missing = [(name, uid) for name, uid in pods if uid not in deps.log_tails]
+    for name, uid in missing:
+        deps.log_tails[uid] = await deps.run(deps.reader.log_tail, namespace, name)
+    while len(deps.log_tails) > TAIL_CACHE_SIZE:
+        deps.log_tails.popitem(last=False)
+    return [(name, deps.log_tails.get(uid, "")) for name, uid in pods]
+
+
+class PodsRefusedError(Exception):
+    """The apiserver refused to create a pod: quota, an admission webhook, Pod Security."""
+
+    def __init__(self, pod: str, cause: KubeError) -> None:
+        super().__init__(f"pod {pod}: {cause.reason}: {cause.message}")
+        self.pod = pod
+        self.cause = cause
+
+
+def _create_all(deps: Deps, objects: tuple[dict[str, Any], ...], job_uid: str) -> None:
+    for obj in objects:
+        meta = obj["metadata"]
+        what = f"{obj['kind']}/{meta['namespace']}/{meta['name']}"
+        if deps.recent.fresh(what):
+            continue  # created moments ago; the watch has not shown it yet
+        try:
+            if not deps.writer.create(obj) and obj["kind"] == "Pod":
+                _check_owner(deps, meta["namespace"], meta["name"], job_uid)
+            deps.recent.note(what)
+        except (ForbiddenError, InvalidError) as err:
+            raise PodsRefusedError(obj["metadata"]["name"], err) from err
+        except KubeError as err:
+            if err.status != 400:  # an admission webhook's denial
+                raise
+            raise PodsRefusedError(obj["metadata"]["name"], err) from err
+
+
+def _check_owner(deps: Deps, namespace: str, pod: str, job_uid: str) -> None:
+    """A pod of the name this job needs exists: fine if it is this job's, otherwise the job
+    cannot start until it goes, and the status says so (never a silent wait)."""
+    owners = deps.writer.pod_owner_uids(namespace, pod)
+    if owners and job_uid in owners:
+        return
+    raise PodsRefusedError(
+        pod,
+        KubeError(
+            409,
+            "AlreadyExists",
+            "a pod of this name exists and is not this job's (left by an "
+            "earlier job of the same name, e.g. deleted with --cascade=orphan?): delete it and "
+            "the job starts",
+        ),
+    )
+
+
+async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedError) -> float:
+    """Say in the status why the attempt cannot start; retry with a backoff, never silently.
+
+    The status was already written by this reconcile; this second write happens only on this
+    error path, so the reason shows within the reconcile that met it.
+    """
+    status = parse_status(body.get("status"))
+    previous = status.condition(ConditionType.PODS_REFUSED)
+    message = str(err)[:1000]
+    status = status.with_condition(
+        Condition(
+            type=ConditionType.PODS_REFUSED,
+            status=ConditionStatus.TRUE,
+            reason="FailedCreate",
+            message=message,
+            last_transition_time=deps.clock(),
+        )
+    )
+    if previous is None or previous.status != ConditionStatus.TRUE or previous.message != message:
+        await deps.run(deps.writer.write_status, body, status_patch(status))
+        await deps.run(deps.writer.event, body, EventSpec("Warning", "FailedCreate", message))
+    return REFUSED_RETRY_SECONDS
+
+
+def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
+    meta = body["metadata"]
+    assert isinstance(meta, dict)
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    for deletion in result.delete_pods:
+        deps.writer.delete_pod(namespace, deletion)
+    if result.fence_attempt is not None:
+        _lease_access(deps, namespace)
+        lease = next(o for o in result.create if o["kind"] == "Lease")
+        fenced = f"fence/{namespace}/{lease['metadata']['name']}/{result.fence_attempt}"
+        if not deps.recent.fresh(fenced):
+            try:
+                deps.writer.fence(lease, result.fence_attempt)
+            except ForbiddenError as err:  # no Lease rights here: say so, as for a pod
+                raise PodsRefusedError(lease["metadata"]["name"], err) from err
+            deps.recent.note(fenced)
+    for rejoin in result.rejoin_pods:  # after the fence: the old attempt can no longer commit
+        deps.writer.rejoin_pod(namespace, rejoin)
+    _create_all(deps, result.create, str(meta.get("uid") or ""))
+    for mark in result.mark_nodes:
+        deps.writer.mark_node(mark, name)
+    if result.delete_job:
+        deps.writer.delete_job(body)
+    for event in result.events:
+        # A journaled Event is told again until the status that clears it is seen: log it
+        # only when this call told it.
+        if deps.writer.event(body, event):
+            log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+
+
+def _lease_access(deps: Deps, namespace: str) -> None:
+    """Bind the operator's Lease-writer role to itself here, once per namespace and process.
+
+    Never in the system namespaces, where Leases elect leaders and carry node heartbeats: a job
+    there cannot start (its Lease is refused, which the job's status says).
+    """
+    access = deps.lease_access
+    if access is None or namespace in labels.SYSTEM_NAMESPACES:
+        return
+    done = f"lease-access/{namespace}"
+    if deps.recent.fresh(done):
+        return
+    deps.writer.bind_cluster_role(
+        namespace, access.binding, access.role, access.account, access.account_namespace
+    )
+    deps.recent.note(done)
+
+
+def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
+    status = result.status
+    if result.diagnosis is not None:
+        d = result.diagnosis
+        deps.metrics.record_failure(
+            str(d.failure_class), str(d.code), restarted=status.phase is Phase.RECOVERING
+        )
+    if result.recovery_seconds is not None:
+        deps.metrics.record_recovery(result.recovery_seconds)
+    deps.metrics.record_job(
+        namespace, name, status.phase, status.goodput, status.failed_node_budget_left
+    )
+    if status.goodput_breakdown is not None:
+        deps.metrics.record_breakdown(
+            namespace,
+            name,
+            status.goodput_breakdown.model_dump(by_alias=True, exclude={"wall_seconds"}),
+        )
+
+
+async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:
+    """Planning overran its budget: say so on this job and let every other job go on."""
+    rules = [r.message_pattern for r in observed.job.spec.recovery.rules if r.message_pattern]
+    message = (
+        f"planning this job took longer than {deps.plan_budget_seconds:.0f}s and was "
+        f"abandoned; it is retried in {SLOW_PLAN_RETRY_SECONDS:.0f}s"
+    )
+    if rules:
+        message += "; spec.recovery.rules patterns: " + ", ".join(repr(r) for r in rules)
+    status = parse_status(body.get("status")).with_condition(
+        Condition(
+            type=ConditionType.PLANNING_SLOW,
+            status=ConditionStatus.TRUE,
+            reason="PlanningBudgetExceeded",
+            message=message[:1000],
+            last_transition_time=deps.clock(),
+        )
+    )
+    await deps.run(deps.writer.write_status, body, status_patch(status))
+    return SLOW_PLAN_RETRY_SECONDS
+
+
+async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobError) -> None:
+    """A spec the schema let through but the operator cannot run: say so in a condition."""
+    status = parse_status(body.get("status"))  # type: ignore[arg-type]
+    message = "; ".join(f"{e.path}: {e.message}" for e in err.errors)[:4000]
+    status = status.with_condition(
+        Condition(
+            type=ConditionType.SPEC_VALID,
+            status=ConditionStatus.FALSE,
+            reason="InvalidSpec",
+            message=message,
+            last_transition_time=deps.clock(),
+        )
+    ).model_copy(update={"phase": Phase.PENDING})
+    new = status_patch(status)
+    if new != status_patch(parse_status(body.get("status"))):  # type: ignore[arg-type]
+        await deps.run(deps.writer.write_status, body, new)

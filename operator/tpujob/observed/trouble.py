@@ -1,0 +1,221 @@
+"""From what the operator observed to the facts the diagnosis reads.
+
+Pure. The current attempt's troubled workers become `WorkerFacts`: failed pods with their exit
+status, termination message and log tail; pods being deleted by someone else (eviction,
+preemption); pods whose own TPU devices the kubelet reports Unhealthy; pods whose node has
+been lost, short of TPUs or going into maintenance for longer than `tpujob.observed.nodes`'s grace.
+A node's passing trouble (a kubelet or device-plugin restart) is no failure. The job's
+heartbeat becomes `HeartbeatFacts` when it has stalled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from tpujob import diagnosis as dx
+from tpujob.api import UserRule as ApiUserRule
+from tpujob.api import contract, labels
+from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings, NodeTrouble, Verdict, judge
+from tpujob.observed.views import NodeView, Observed, PodView
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """The attempt's failure as seen: the facts and when it was first visible."""
+
+    facts: dx.JobFacts
+    seen_at: datetime
+    pods: tuple[str, ...]
+    nodes: tuple[str, ...]
+
+
+def node_facts(
+    node: NodeView | None,
+    name: str,
+    tpu_requested: int,
+    *,
+    verdict: Verdict | None = None,
+    pod: PodView | None = None,
+) -> dx.NodeFacts:
+    """The node as the diagnosis should judge it.
+
+    With a `verdict`, trouble still within its grace is not shown: a Ready=False of two
+    seconds, or a shortfall of TPUs while the device plugin restarts, is not the cause of a
+    worker's failure.
+    """
+    if node is None:
+        return dx.NodeFacts(name=name, exists=False, ready="Unknown")
+    settled = verdict is None or verdict.trouble is not NodeTrouble.SUSPECT
+    shows_ready = node.ready if settled or node.ready == "True" else "True"
+    short = node.tpu_degraded and settled
+    return dx.NodeFacts(
+        name=node.name,
+        ready=shows_ready,
+        taints=tuple(k for k, _ in node.taints),
+        labels=dict(node.labels),
+        accelerator_unhealthy=bool(pod is not None and pod.unhealthy_devices),
+        tpu_allocatable=(node.tpu_allocatable if short else node.tpu_capacity)
+        if node.tpu_capacity
+        else None,
+        tpu_requested=tpu_requested or None,
+    )
+
+
+def worker_facts(
+    obs: Observed, pod: PodView, *, step: int | None, verdict: Verdict | None = None
+) -> dx.WorkerFacts:
+    chips = obs.job.spec.tpu.chips_per_host
+    node = obs.nodes.get(pod.node) if pod.node else None
+    context = []
+    if pod.deleting_since is not None and not pod.terminal:
+        context.append(
+            "the pod is being deleted"
+            + (f" ({pod.disruption_reason})" if pod.disruption_reason else "")
+        )
+    if pod.unhealthy_devices:
+        context.append(
+            f"the kubelet reports {labels.TPU_RESOURCE} device(s) "
+            f"{', '.join(pod.unhealthy_devices)} of this pod Unhealthy"
+        )
+    if verdict is not None and verdict.trouble is not NodeTrouble.NONE and verdict.reason:
+        context.append(verdict.reason)
+    return dx.WorkerFacts(
+        worker_index=pod.slice * obs.job.spec.tpu.hosts_per_slice + pod.worker,
+        slice_index=pod.slice,
+        pod_name=pod.name,
+        node_name=pod.node or "",
+        exit_code=pod.exit_code,
+        signal=pod.signal,
+        reason=pod.reason,
+        message=pod.message,
+        log_tail=obs.log_tails.get(pod.name, ""),
+        context="; ".join(context),
+        disruption=pod.disruption_reason,
+        node=node_facts(node, pod.node, chips, verdict=verdict, pod=pod) if pod.node else None,
+        step=_reported_step(pod) if _reported_step(pod) is not None else step,
+        finished_at=pod.finished_at or pod.deleting_since,
+    )
+
+
+def _reported_step(pod: PodView) -> int | None:
+    """The step in the trainer's own termination message: exact, where the heartbeat lags."""
+    message = contract.parse_termination_message(pod.message)
+    return message.step if message is not None else None
+
+
+def find_trouble(
+    obs: Observed,
+    attempt: int,
+    *,
+    now: datetime,
+    launched_at: datetime | None,
+    stall_timeout: float,
+    last_step: int | None,
+    health: NodeHealthSettings = DEFAULT_HEALTH,
+) -> Trouble | None:
+    """The failure of `attempt`, or None while it is healthy (or still starting)."""
+    pods = obs.attempt_pods(attempt)
+    troubled: list[tuple[PodView, Verdict | None]] = []
+    for pod in pods:
+        verdict = (
+            judge(
+                obs.nodes.get(pod.node),
+                now=now,
+                settings=health,
+                tpu_short_since=obs.tpu_short_since,
+                name=pod.node,
+            )
+            if pod.node
+            else None
+        )
+        deleted = pod.deleting_since is not None and not pod.terminal
+        live = bool(pod.node) and not pod.terminal
+        lost = live and verdict is not None and verdict.trouble.failure
+        chips_failed = live and bool(pod.unhealthy_devices)
+        if pod.failed or deleted or lost or chips_failed:
+            troubled.append((pod, verdict))
+    if troubled:
+        workers = tuple(worker_facts(obs, p, step=last_step, verdict=v) for p, v in troubled)
+        times = [w.finished_at for w in workers if w.finished_at is not None]
+        return Trouble(
+            dx.JobFacts(workers=workers),
+            min(times, default=now),
+            tuple(p.name for p, _ in troubled),
+            tuple(sorted({p.node for p, _ in troubled if p.node})),
+        )
+    heartbeat = _stalled(obs, pods, now=now, launched_at=launched_at, timeout=stall_timeout)
+    if heartbeat is not None:
+        return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())
+    return None
+
+
+# Until an attempt's first heartbeat, start-up (joining the job, restoring, compiling the first
+# step) may take this many stall timeouts before it counts as a hang.
+STARTUP_TIMEOUTS = 2
+# ... and never less than this: importing the framework and joining the job's processes take
+# tens of seconds on a busy host whatever the stall timeout says.
+STARTUP_FLOOR_SECONDS = 60.0
+
+
+def _stalled(
+    obs: Observed,
+    pods: Sequence[PodView],
+    *,
+    now: datetime,
+    launched_at: datetime | None,
+    timeout: float,
+) -> dx.HeartbeatFacts | None:
+    """A heartbeat older than the stall timeout while every worker runs is a hang.
+
+    Before this attempt's first beat the clock starts when the last worker started running,
+    and start-up gets STARTUP_TIMEOUTS stall timeouts. Time the API server was unreachable
+    does not count (`Observed.api_reachable_since`).
+    """
+    if not pods or launched_at is None or not all(p.running for p in pods):
+        return None
+    beat = obs.heartbeat
+    attempt = obs.job.status.attempt
+    own = beat is not None and beat.attempt == attempt and beat.renewed is not None
+    if own and beat is not None and beat.renewed is not None:
+        since, limit = beat.renewed, timeout
+    else:
+        started = [p.running_since for p in pods if p.running_since is not None]
+        since = max([launched_at, *started])
+        limit = max(timeout * STARTUP_TIMEOUTS, STARTUP_FLOOR_SECONDS)
+    if obs.api_reachable_since is not None and obs.api_reachable_since > since:
+        # An apiserver outage is no hang: the trainers could not renew, nor could the operator
+        # see them renew; they get a whole stall timeout from the API's return.
+        since = obs.api_reachable_since
+    seconds = (now - since).total_seconds()
+    if seconds <= limit:
+        return None
+    # The step of another attempt's beat is not this hang's: stamping it would make a hang at
+    # start-up look like the same failure at the same step (a deterministic repeat).
+    return dx.HeartbeatFacts(
+        seconds_since=seconds,
+        stall_timeout=limit,
+        step=beat.step if own and beat is not None else None,
+    )
+
+
+def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:
+    """The job's spec.recovery.rules in the diagnosis engine's terms."""
+    converted = []
+    for index, rule in enumerate(rules):
+        try:
+            code = dx.FailureCode(rule.code) if rule.code else None
+        except ValueError:
+            code = None
+        converted.append(
+            dx.UserRule(
+                failure_class=dx.FailureClass(str(rule.failure_class)),
+                code=code,
+                exit_codes=tuple(rule.exit_codes or ()),
+                reasons=tuple(rule.reasons or ()),
+                message_regex=rule.message_pattern,
+                name=f"spec.recovery.rules[{index}]",
+            )
+        )
+    return tuple(converted)

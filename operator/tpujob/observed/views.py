@@ -1,0 +1,324 @@
+"""What the operator observed of one job, as frozen values built from raw API objects.
+
+Pure: parsing only. The adapter layer (`tpujob.kube`) fetches the raw objects; the planner
+reads these views and never a raw dict, so what a decision depended on is visible in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tpujob.api import TPUTrainingJob, contract, labels
+from tpujob.gcp.catalogue import Catalogue
+
+
+def parse_time(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    text = str(value).replace("Z", "+00:00")
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One trainer pod of the job."""
+
+    name: str
+    uid: str
+    attempt: int
+    slice: int
+    worker: int
+    node: str | None
+    phase: str
+    created: datetime | None
+    deleting_since: datetime | None = None
+    running: bool = False
+    running_since: datetime | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    message: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    disruption_reason: str | None = None
+    unschedulable_message: str | None = None
+    # lastTransitionTime of PodScheduled=False: since when the scheduler has not placed it.
+    unschedulable_since: datetime | None = None
+    node_pool: str | None = None
+    # IDs of the worker's google.com/tpu devices the kubelet reports Unhealthy in
+    # status.containerStatuses[].allocatedResourcesStatus (KEP-4680; beta, on by default,
+    # from Kubernetes v1.36).
+    unhealthy_devices: tuple[str, ...] = ()
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "Failed"
+
+
+def pod_view(raw: Mapping[str, Any]) -> PodView:
+    meta, spec, status = raw["metadata"], raw.get("spec") or {}, raw.get("status") or {}
+    pod_labels = meta.get("labels") or {}
+    terminated: Mapping[str, Any] = {}
+    running = False
+    running_since: datetime | None = None
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "terminated" in state:
+            terminated = state["terminated"]
+        if "running" in state:
+            running = True
+            since = parse_time(state["running"].get("startedAt"))
+            if since is not None and (running_since is None or since > running_since):
+                running_since = since
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    disruption = conditions.get("DisruptionTarget")
+    scheduled = conditions.get("PodScheduled")
+    unschedulable, unschedulable_since = None, None
+    if scheduled and scheduled.get("status") == "False":
+        unschedulable = scheduled.get("message") or scheduled.get("reason") or "unschedulable"
+        unschedulable_since = parse_time(scheduled.get("lastTransitionTime"))
+    return PodView(
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        attempt=_int(pod_labels.get(labels.ATTEMPT)) or 0,
+        slice=_int(pod_labels.get(labels.SLICE)) or 0,
+        worker=_int(pod_labels.get(labels.WORKER)) or 0,
+        node=spec.get("nodeName"),
+        phase=status.get("phase") or "Pending",
+        created=parse_time(meta.get("creationTimestamp")),
+        deleting_since=parse_time(meta.get("deletionTimestamp")),
+        running=running,
+        running_since=running_since,
+        exit_code=_int(terminated.get("exitCode")),
+        signal=_int(terminated.get("signal")),
+        reason=terminated.get("reason"),
+        message=str(terminated.get("message") or status.get("message") or ""),
+        started_at=parse_time(terminated.get("startedAt")),
+        finished_at=parse_time(terminated.get("finishedAt")),
+        disruption_reason=(disruption or {}).get("reason")
+        if (disruption or {}).get("status") == "True"
+        else None,
+        unschedulable_message=unschedulable,
+        unschedulable_since=unschedulable_since,
+        node_pool=(spec.get("nodeSelector") or {}).get(labels.NODEPOOL),
+        unhealthy_devices=unhealthy_devices(status),
+    )
+
+
+def unhealthy_devices(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """google.com/tpu device IDs reported Unhealthy by any container of the pod.
+
+    Only `Unhealthy` counts: `Unknown` means the device plugin could not tell, which is no
+    evidence against the chip.
+    """
+    found: list[str] = []
+    for cs in _dicts(status.get("containerStatuses")):
+        for resource in _dicts(cs.get("allocatedResourcesStatus")):
+            if resource.get("name") != labels.TPU_RESOURCE:
+                continue
+            for device in _dicts(resource.get("resources")):
+                device_id = str(device.get("resourceID") or "")
+                if device.get("health") == "Unhealthy" and device_id not in found:
+                    found.append(device_id)
+    return tuple(found)
+
+
+def _dicts(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings in a list field of an untrusted object; anything else is ignored."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as placement and diagnosis see it: what it shows now, without judging it.
+
+    `lost` and `tpu_degraded` are the immediate readings; `tpujob.observed.nodes` decides when
+    they have lasted long enough to be a failure.
+    """
+
+    name: str
+    pool: str | None
+    accelerator: str | None
+    topology: str | None
+    ready: str  # "True", "False" or "Unknown"
+    taints: tuple[tuple[str, str], ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    tpu_capacity: int = 0
+    tpu_allocatable: int = 0
+    unschedulable: bool = False
+    # lastTransitionTime of the Ready condition: since when `ready` has held.
+    ready_since: datetime | None = None
+    uid: str = ""
+    # The tpujob.dev/unhealthy-reason annotation: which job marked the node bad, and why.
+    mark_reason: str | None = None
+
+    def has_taint(self, key: str, effect: str | None = None) -> bool:
+        return any(k == key and effect in (None, e) for k, e in self.taints)
+
+    @property
+    def lost(self) -> bool:
+        return (
+            self.ready != "True"
+            or self.has_taint(labels.UNREACHABLE_TAINT)
+            or self.has_taint(labels.OUT_OF_SERVICE_TAINT)
+        )
+
+    @property
+    def under_maintenance(self) -> bool:
+        return any(self.has_taint(t) for t in labels.MAINTENANCE_TAINTS) or any(
+            self.labels.get(k) == v for k, v in labels.MAINTENANCE_LABELS.items()
+        )
+
+    @property
+    def tpu_degraded(self) -> bool:
+        """Allocatable google.com/tpu below capacity: the device plugin holds chips back."""
+        return self.tpu_capacity > 0 and self.tpu_allocatable < self.tpu_capacity
+
+    @property
+    def scheduled_maintenance(self) -> str | None:
+        """GKE's scheduled-maintenance-time label (Unix seconds), unparsed."""
+        return self.labels.get(labels.SCHEDULED_MAINTENANCE_LABEL)
+
+    def healthy_for(self, bad_nodes: frozenset[str]) -> bool:
+        return not (
+            self.lost
+            or self.under_maintenance
+            or self.tpu_degraded
+            or self.unschedulable
+            or self.name in bad_nodes
+            or self.has_taint(labels.BAD_NODE_TAINT)
+        )
+
+
+def node_view(raw: Mapping[str, Any]) -> NodeView:
+    meta, spec, status = raw["metadata"], raw.get("spec") or {}, raw.get("status") or {}
+    node_labels = meta.get("labels") or {}
+    conditions = {c.get("type"): c for c in _dicts(status.get("conditions"))}
+    ready = conditions.get("Ready") or {}
+    return NodeView(
+        name=meta["name"],
+        pool=node_labels.get(labels.NODEPOOL),
+        accelerator=node_labels.get(labels.ACCELERATOR),
+        topology=node_labels.get(labels.TOPOLOGY),
+        ready=str(ready.get("status", "Unknown")),
+        taints=tuple(
+            (str(t.get("key", "")), str(t.get("effect", ""))) for t in _dicts(spec.get("taints"))
+        ),
+        labels={str(k): str(v) for k, v in node_labels.items()},
+        tpu_capacity=_int((status.get("capacity") or {}).get(labels.TPU_RESOURCE)) or 0,
+        tpu_allocatable=_int((status.get("allocatable") or {}).get(labels.TPU_RESOURCE)) or 0,
+        unschedulable=bool(spec.get("unschedulable")),
+        ready_since=parse_time(ready.get("lastTransitionTime")),
+        uid=str(meta.get("uid") or ""),
+        mark_reason=_str((meta.get("annotations") or {}).get(labels.BAD_NODE_REASON)),
+    )
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Worker 0's heartbeat Lease."""
+
+    renewed: datetime | None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    steps_per_second: float | None = None
+    checkpoint_step: int | None = None
+    attempt: int | None = None
+    # The trainer runs under the supervisor that restarts it in place on a rejoin order.
+    rejoins: bool = False
+    # Every annotation, for readers of the trainer's health numbers (untrusted text).
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+# The trainer writes the heartbeat, and anyone who can patch the Lease can too: a number out
+# of these ranges is absent evidence, never a crash of the planner or a status the API refuses.
+MAX_STEP = 10**12
+MAX_STEPS_PER_SECOND = 1e6
+
+
+def _bounded_int(value: Any, low: int, high: int) -> int | None:
+    number = _int(value)
+    return number if number is not None and low <= number <= high else None
+
+
+def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
+    if raw is None:
+        return None
+    notes = (raw.get("metadata") or {}).get("annotations") or {}
+
+    def number(key: str, low: float, high: float) -> float | None:
+        try:
+            value = float(notes[key])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return value if math.isfinite(value) and low <= value <= high else None
+
+    return Heartbeat(
+        renewed=parse_time((raw.get("spec") or {}).get("renewTime")),
+        step=_bounded_int(notes.get(contract.HEARTBEAT_STEP), 0, MAX_STEP),
+        total_steps=_bounded_int(notes.get(contract.HEARTBEAT_TOTAL_STEPS), 1, MAX_STEP),
+        loss=number(contract.HEARTBEAT_LOSS, -math.inf, math.inf),
+        steps_per_second=number(contract.HEARTBEAT_STEPS_PER_SECOND, 0.0, MAX_STEPS_PER_SECOND),
+        checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0, MAX_STEP),
+        attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
+        rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
+        annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {},
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile of one job looked at."""
+
+    job: TPUTrainingJob
+    pods: tuple[PodView, ...]
+    nodes: Mapping[str, NodeView]
+    heartbeat: Heartbeat | None
+    # TPU chips requested on each pool by pods of other jobs (placement avoids busy pools).
+    busy_pools: frozenset[str] = frozenset()
+    log_tails: Mapping[str, str] = field(default_factory=dict)
+    # When this operator first saw each node's allocatable google.com/tpu below capacity
+    # (`tpujob.observed.nodes.track_tpu_shortfall`). The node object carries no time for it.
+    # None: the caller keeps no such record, and a shortfall counts as soon as it is seen.
+    tpu_short_since: Mapping[str, datetime] | None = None
+    # The Cloud TPU zone catalogue, when the operator is given one (advice only).
+    catalogue: Catalogue | None = None
+    # Since when the operator has reached the API server without a break, as its shell
+    # recorded it. While the API is down no trainer can renew its heartbeat and no operator
+    # can see one renewed, so a heartbeat's age counts only from then (`tpujob.observed.trouble`).
+    # None: no record is kept, and the age counts in full.
+    api_reachable_since: datetime | None = None
+    # The node ledger's rows, (node, "namespace/job", seconds since the epoch): soft blames
+    # of nodes by all the operator's jobs (`tpujob.plan.node_ledger`).
+    node_blames: tuple[tuple[str, str, float], ...] = ()
+
+    def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
+        return tuple(p for p in self.pods if p.attempt == attempt)

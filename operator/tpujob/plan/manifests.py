@@ -1,0 +1,325 @@
+"""The child objects of a job, as data: trainer pods, the headless Service, the heartbeat Lease
+and the RBAC that lets the trainer renew only that Lease.
+
+Pure. Pods are created directly (not through a Job or JobSet): the operator restarts a whole
+gang at once, picks the node pool of each slice per attempt, keeps pods off nodes the job
+blamed, and force-deletes pods stuck on lost nodes, none of which a Job controller offers.
+Pod names carry the attempt, so pods of two attempts never share a name or a DNS name; the
+pods of a slice kept by a slice restart keep the names (and DNS names) of the attempt they were
+created for, and the new attempt's other pods are told those names.
+Trainer pods pass Pod Security `restricted` by default (see `tpujob.plan.pod_security`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpujob.api import TPUTrainingJob, contract, labels
+from tpujob.api.spec import REJOIN_MOUNT_PATH
+from tpujob.plan import pod_security
+
+DEFAULT_GRACE_SECONDS = 30
+# Where a trainer pod's rejoin order is projected (see `contract.POD_REJOIN_ANNOTATION`).
+REJOIN_VOLUME = "tpujob-rejoin"
+REJOIN_FILE = "rejoin"
+BASE_COLLECTIVE_TIMEOUT_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    """What changes between attempts: the number, the pools, the blamed nodes, the timeouts."""
+
+    attempt: int
+    pools: Mapping[int, str]  # slice index -> node pool
+    bad_nodes: frozenset[str] = frozenset()
+    collective_timeout_seconds: int = BASE_COLLECTIVE_TIMEOUT_SECONDS
+    rollback_step: int | None = None  # restore at or before this step (after a NaN loss)
+    skip_batches: str | None = None  # data windows every attempt after a rollback skips
+    # Slices kept in place by a slice restart -> the attempt their pods' names carry.
+    kept: Mapping[int, int] = field(default_factory=dict)
+
+    def pods_attempt(self, slice_index: int) -> int:
+        """The attempt in the names of `slice_index`'s pods."""
+        return self.kept.get(slice_index, self.attempt)
+
+
+def owner_reference(job: TPUTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": job.api_version,
+        "kind": job.kind,
+        "name": job.name,
+        "uid": job.metadata.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: TPUTrainingJob, name: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {labels.JOB: job.name, labels.MANAGED_BY: labels.MANAGER, **(extra or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def pod_name(job: str, attempt: int, slice_index: int, worker: int) -> str:
+    return f"{job}-{attempt}-{slice_index}-{worker}"
+
+
+def service_name(job: TPUTrainingJob) -> str:
+    return job.name
+
+
+def lease_name(job: TPUTrainingJob) -> str:
+    return f"{job.name}-heartbeat"
+
+
+def trainer_service_account(job: TPUTrainingJob) -> str:
+    return job.spec.trainer.service_account_name or f"{job.name}-trainer"
+
+
+def host_fqdn(job: TPUTrainingJob, attempt: int, slice_index: int, worker: int) -> str:
+    return (
+        f"{pod_name(job.name, attempt, slice_index, worker)}.{service_name(job)}."
+        f"{job.namespace}.svc.cluster.local"
+    )
+
+
+def rejoins(job: TPUTrainingJob) -> bool:
+    """Whether the job's pods get a rejoin order file: only a multislice job has a slice to
+    keep while another is replaced (one slice alone never runs its trainer supervised)."""
+    return job.spec.tpu.slices > 1
+
+
+def coordinator_host(job: TPUTrainingJob, settings: AttemptSettings) -> str:
+    """Slice 0 worker 0's DNS name: JAX's coordinator and the multislice one."""
+    return host_fqdn(job, settings.pods_attempt(0), 0, 0)
+
+
+def rejoin_order(job: TPUTrainingJob, settings: AttemptSettings) -> str:
+    """The annotation that tells a kept pod to restart its trainer as `settings.attempt`."""
+    return contract.encode_rejoin(
+        contract.Rejoin(attempt=settings.attempt, coordinator=coordinator_host(job, settings))
+    )
+
+
+def trainer_env(
+    job: TPUTrainingJob, settings: AttemptSettings, slice_index: int, worker: int
+) -> list[dict[str, Any]]:
+    """The env GKE and the operator give a worker: TPU, multislice, JAX and tpujob variables."""
+    tpu = job.spec.tpu
+    hosts = tpu.hosts_per_slice
+    attempt = settings.attempt
+    own = settings.pods_attempt(slice_index)
+    hostnames = ",".join(host_fqdn(job, own, slice_index, w) for w in range(hosts))
+    coordinator = coordinator_host(job, settings)
+    checkpoint = job.spec.checkpoint
+    values: dict[str, str] = {
+        "TPU_WORKER_ID": str(worker),
+        "TPU_WORKER_HOSTNAMES": hostnames,
+        "TPU_TOPOLOGY": tpu.topology,
+        "TPU_ACCELERATOR_TYPE": tpu.shape.tpu_type,
+        "TPU_SKIP_MDS_QUERY": "true",
+        "MEGASCALE_NUM_SLICES": str(tpu.slices),
+        "MEGASCALE_SLICE_ID": str(slice_index),
+        "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator}:{labels.MEGASCALE_PORT}",
+        "MEGASCALE_PORT": str(labels.MEGASCALE_PORT),
+        "JAX_COORDINATOR_ADDRESS": f"{coordinator}:{labels.JAX_COORDINATOR_PORT}",
+        "JAX_NUM_PROCESSES": str(tpu.total_hosts),
+        "JAX_PROCESS_ID": str(slice_index * hosts + worker),
+        contract.ENV_JOB_NAME: job.name,
+        contract.ENV_NAMESPACE: job.namespace,
+        contract.ENV_ATTEMPT: str(attempt),
+        contract.ENV_HEARTBEAT_LEASE: lease_name(job),
+        contract.ENV_JOB_UID: str(job.metadata.get("uid", "")),
+        contract.ENV_ALLOW_CPU_FALLBACK: str(job.spec.trainer.allow_cpu_fallback).lower(),
+        contract.ENV_EXPECT_TPU_CHIPS: str(tpu.chips_per_host),
+        contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),
+    }
+    if rejoins(job):
+        values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"
+    if settings.rollback_step is not None:
+        values[contract.ENV_RESUME_STEP] = str(settings.rollback_step)
+    if settings.skip_batches:
+        values[contract.ENV_SKIP_BATCHES] = settings.skip_batches
+    if checkpoint is not None:
+        values[contract.ENV_CHECKPOINT_DIR] = checkpoint.directory
+        values[contract.ENV_CHECKPOINT_INTERVAL] = str(checkpoint.interval_steps)
+        values[contract.ENV_CHECKPOINT_KEEP] = str(checkpoint.keep)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    for var in job.spec.trainer.env:
+        item = var.model_dump(by_alias=True, exclude_none=True)
+        env = [e for e in env if e["name"] != item["name"]] + [item]
+    return env
+
+
+def _affinity(bad_nodes: frozenset[str]) -> dict[str, Any] | None:
+    if not bad_nodes:
+        return None
+    term = {
+        "matchExpressions": [
+            {"key": labels.HOSTNAME, "operator": "NotIn", "values": sorted(bad_nodes)}
+        ]
+    }
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+
+
+def trainer_pod(
+    job: TPUTrainingJob, settings: AttemptSettings, slice_index: int, worker: int
+) -> dict[str, Any]:
+    tpu, trainer = job.spec.tpu, job.spec.trainer
+    name = pod_name(job.name, settings.pods_attempt(slice_index), slice_index, worker)
+    resources: dict[str, Any] = {}
+    if tpu.chips_per_host:
+        resources["limits"] = {labels.TPU_RESOURCE: str(tpu.chips_per_host)}
+    if trainer.resources is not None:
+        requests = trainer.resources.model_dump(by_alias=True, exclude_none=True)
+        if requests:
+            resources["requests"] = {k: str(v) for k, v in requests.items()}
+        if "memory" in requests:
+            # The host memory the trainer may use: past it the kernel kills it (OOMKilled),
+            # which the operator grades (a leak it warned of is a leak, not a soft failure).
+            resources.setdefault("limits", {})["memory"] = str(requests["memory"])
+    container: dict[str, Any] = {
+        "name": "trainer",
+        "image": trainer.image,
+        "env": trainer_env(job, settings, slice_index, worker),
+        "resources": resources,
+        "terminationMessagePath": contract.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "ports": [{"name": "coordinator", "containerPort": labels.JAX_COORDINATOR_PORT}],
+        "securityContext": pod_security.container_security_context(trainer.security),
+        "volumeMounts": [pod_security.scratch_mount()],
+    }
+    if trainer.command:
+        container["command"] = list(trainer.command)
+    if trainer.args:
+        container["args"] = list(trainer.args)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": service_name(job),
+        "serviceAccountName": trainer_service_account(job),
+        "securityContext": pod_security.pod_security_context(trainer.security),
+        "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
+        "nodeSelector": {labels.ACCELERATOR: tpu.accelerator, labels.TOPOLOGY: tpu.topology},
+        "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+        "volumes": [pod_security.scratch_volume()],
+    }
+    if rejoins(job):
+        spec["volumes"].append(
+            {
+                "name": REJOIN_VOLUME,
+                "downwardAPI": {
+                    "items": [
+                        {
+                            "path": REJOIN_FILE,
+                            "fieldRef": {
+                                "fieldPath": "metadata.annotations"
+                                f"['{contract.POD_REJOIN_ANNOTATION}']"
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH, "readOnly": True}
+        )
+    if pool := settings.pools.get(slice_index):
+        spec["nodeSelector"][labels.NODEPOOL] = pool
+    if affinity := _affinity(settings.bad_nodes):
+        spec["affinity"] = affinity
+    volume = job.spec.checkpoint.volume if job.spec.checkpoint else None
+    if volume is not None:
+        source: dict[str, Any] = (
+            {"persistentVolumeClaim": {"claimName": volume.claim_name}}
+            if volume.claim_name
+            else {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}}
+        )
+        spec["volumes"].append({"name": "checkpoints", **source})
+        container["volumeMounts"].append({"name": "checkpoints", "mountPath": volume.mount_path})
+    extra = {
+        labels.ATTEMPT: str(settings.attempt),
+        labels.SLICE: str(slice_index),
+        labels.WORKER: str(worker),
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
+
+
+def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[str, Any]]:
+    """The pods an attempt creates: every worker's but those of the slices it keeps."""
+    tpu = job.spec.tpu
+    return [
+        trainer_pod(job, settings, s, w)
+        for s in range(tpu.slices)
+        if s not in settings.kept
+        for w in range(tpu.hosts_per_slice)
+    ]
+
+
+def headless_service(job: TPUTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, service_name(job)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {labels.JOB: job.name},
+            "ports": [{"name": "coordinator", "port": labels.JAX_COORDINATOR_PORT}],
+        },
+    }
+
+
+def heartbeat_lease(job: TPUTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _meta(job, lease_name(job)),
+        "spec": {"holderIdentity": f"{job.name}-worker-0"},
+    }
+
+
+def heartbeat_rbac(job: TPUTrainingJob) -> list[dict[str, Any]]:
+    """ServiceAccount (unless the user named one), Role and RoleBinding for the heartbeat only."""
+    account = trainer_service_account(job)
+    role = f"{job.name}-heartbeat"
+    objects: list[dict[str, Any]] = []
+    if job.spec.trainer.service_account_name is None:
+        objects.append(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, account)}
+        )
+    objects.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(job, role),
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [lease_name(job)],
+                    "verbs": ["get", "update", "patch"],
+                }
+            ],
+        }
+    )
+    objects.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(job, role),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}],
+        }
+    )
+    return objects

@@ -1,0 +1,53 @@
+"""Choosing pools for an attempt's slices, with the caveats told: pure, part of planning."""
+
+from __future__ import annotations
+
+from tpujob.observed.views import Observed
+from tpujob.plan.placement import expected_end, plan_placement
+from tpujob.plan.result import Draft
+
+
+def choose_pools(
+    obs: Observed,
+    keep: dict[int, str],
+    bad: frozenset[str],
+    *,
+    draft: Draft,
+    avoid: frozenset[str] = frozenset(),
+) -> dict[int, str]:
+    """Pools for every slice (`keep` stays); a caveat, such as a pool taken although host
+    maintenance is due there within the expected run, goes to the timeline and an Event.
+
+    A pool busy with another job (its pods, or the operator's claim for a job whose pods do
+    not exist yet) is not a candidate at all: a TPU pool is one slice, and two gangs sharing
+    one would each hold part of it and both wait forever. A slice with no free pool is left
+    out of the result; the attempt then waits instead of launching. `avoid` (a pool a moved
+    slice leaves) is only placed last.
+    """
+    tpu, progress = obs.job.spec.tpu, obs.job.status.progress
+    # A recorded pool another job took meanwhile (during a backoff, or two claims crossing
+    # an operator restart) is given up and the slice placed again.
+    keep = {s: p for s, p in keep.items() if p not in obs.busy_pools}
+    kept = set(keep.values())
+    nodes = [n for n in obs.nodes.values() if n.pool in kept or n.pool not in obs.busy_pools]
+    result = plan_placement(
+        slices=tpu.slices,
+        hosts_per_slice=tpu.hosts_per_slice,
+        accelerator=tpu.accelerator,
+        topology=tpu.topology,
+        nodes=nodes,
+        keep=keep,
+        bad_nodes=bad,
+        busy_pools=avoid,
+        now=draft.now,
+        run_until=expected_end(
+            draft.now,
+            step=progress.step if progress else None,
+            total_steps=obs.job.spec.trainer.total_steps,
+            steps_per_second=progress.steps_per_second if progress else None,
+        ),
+    )
+    if note := result.describe():
+        draft.timeline("Placement", note)
+        draft.event("Normal", "Placement", note)
+    return result.pools

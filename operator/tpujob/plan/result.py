@@ -1,0 +1,178 @@
+"""The result of planning one reconcile: the new status and the effects that follow it.
+
+Values only. The controller writes `status` first (one write), then carries out the effects in
+the order the fields are listed, then emits the Events; a decision is therefore on record
+before anything acts on it, and an operator restarted in between finishes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from fnmatch import fnmatchcase
+from typing import Any
+
+from tpujob import diagnosis as dx
+from tpujob.api import (
+    BadNodeAction,
+    Condition,
+    ConditionStatus,
+    PendingEvent,
+    TimelineEvent,
+    TPUTrainingJobStatus,
+)
+from tpujob.api import constants as c
+from tpujob.diagnosis.memory import Blame
+from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings
+
+
+@dataclass(frozen=True)
+class PodDeletion:
+    name: str
+    uid: str
+    grace_seconds: int | None  # None: the pod's own terminationGracePeriodSeconds
+
+
+@dataclass(frozen=True)
+class PodRejoin:
+    """A kept pod moved to the new attempt: its attempt label and its rejoin order."""
+
+    name: str
+    uid: str
+    attempt: int
+    order: str  # the annotation's value (`contract.encode_rejoin`)
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    """Mark a node bad for every job, or (`clear`) take off the mark whose reason is `reason`."""
+
+    node: str
+    action: BadNodeAction
+    reason: str
+    clear: bool = False
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+    at: datetime | None = None  # when it was decided: part of its name, so it is told once
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """Operator-wide knobs of the planner (command-line flags of `tpujob operator`)."""
+
+    force_delete_after_seconds: float = 10.0
+    restart_grace_seconds: int = 5
+    unknown_retry_limit: int = dx.DEFAULT_UNKNOWN_RETRY_LIMIT
+    poll_seconds: float = 5.0
+    # A failure that only says "a peer went away" waits this long for the peer's own status,
+    # so the root cause, not its echo, is diagnosed.
+    cascade_settle_seconds: float = 3.0
+    # Collective and coordination timeout given the trainer; medium retries double it.
+    collective_timeout_seconds: int = 60
+    # How long a node's trouble must last before it is a failure (debounce).
+    node_health: NodeHealthSettings = DEFAULT_HEALTH
+    # Namespaces (glob patterns) whose jobs' own history may get a node marked for everyone:
+    # a failure recurring on one node taints it. Elsewhere that node is only avoided by the job
+    # (a job's author controls how its program fails, so on a shared cluster one tenant must
+    # not be able to taint nodes); the cross-namespace ledger marks it there.
+    trusted_namespaces: tuple[str, ...] = ()
+    # When a failure concerns some slices only, and the trainers say they can rejoin, only
+    # those slices' pods are replaced and the others restart in place (off: every pod is).
+    slice_restarts: bool = True
+
+    def trusts_history_of(self, namespace: str) -> bool:
+        return any(fnmatchcase(namespace, pattern) for pattern in self.trusted_namespaces)
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: TPUTrainingJobStatus
+    create: tuple[dict[str, Any], ...] = ()
+    delete_pods: tuple[PodDeletion, ...] = ()
+    # The fencing token written on the heartbeat Lease before any pod of `create` exists: the
+    # attempt that alone may commit checkpoints from now on.
+    fence_attempt: int | None = None
+    # Kept pods told to rejoin the attempt; after the fence, before `create`.
+    rejoin_pods: tuple[PodRejoin, ...] = ()
+    mark_nodes: tuple[NodeMark, ...] = ()
+    events: tuple[EventSpec, ...] = ()
+    requeue_after: float = 5.0
+    delete_job: bool = False
+    diagnosis: dx.Diagnosis | None = None
+    recovery_seconds: float | None = None  # failure seen -> training resumed, when it resumed
+    ledger_blame: Blame | None = None  # a soft blame of a node for the shared node ledger
+
+
+@dataclass
+class Draft:
+    """A plan being built: a status copy plus effects. Lives for one `plan()` call only."""
+
+    status: TPUTrainingJobStatus
+    now: datetime
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete_pods: list[PodDeletion] = field(default_factory=list)
+    fence_attempt: int | None = None
+    rejoin_pods: list[PodRejoin] = field(default_factory=list)
+    mark_nodes: list[NodeMark] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
+    requeue_after: float = 5.0
+    delete_job: bool = False
+    diagnosis: dx.Diagnosis | None = None
+    recovery_seconds: float | None = None
+    ledger_blame: Blame | None = None
+
+    def update(self, **changes: Any) -> None:
+        self.status = self.status.model_copy(update=changes)
+
+    def timeline(self, kind: str, message: str, at: datetime | None = None) -> None:
+        self.status = self.status.with_event(
+            TimelineEvent(time=at or self.now, kind=kind, message=message[: c.MAX_MESSAGE_LENGTH])
+        )
+
+    def condition(self, kind: str, value: bool, reason: str, message: str = "") -> None:
+        self.status = self.status.with_condition(
+            Condition(
+                type=kind,
+                status=ConditionStatus.TRUE if value else ConditionStatus.FALSE,
+                reason=reason,
+                message=message[: c.MAX_MESSAGE_LENGTH] or None,
+                last_transition_time=self.now,
+            )
+        )
+
+    def event(self, kind: str, reason: str, message: str) -> None:
+        self.events.append(EventSpec(kind, reason, message[: c.MAX_MESSAGE_LENGTH], self.now))
+
+    def requeue(self, seconds: float) -> None:
+        self.requeue_after = min(self.requeue_after, max(0.1, seconds))
+
+    def done(self) -> Plan:
+        """The plan; its Events are those journaled by the previous reconcile (told again,
+        harmlessly, in case a crash lost them) and this one's, journaled in the status."""
+        resend = tuple(
+            EventSpec(e.type, e.reason, e.message, e.time) for e in self.status.pending_events
+        )
+        journal = tuple(
+            PendingEvent(type=e.type, reason=e.reason, message=e.message, time=e.at or self.now)
+            for e in self.events
+        )
+        self.update(pending_events=journal)
+        return Plan(
+            status=self.status,
+            create=tuple(self.create),
+            delete_pods=tuple(self.delete_pods),
+            fence_attempt=self.fence_attempt,
+            rejoin_pods=tuple(self.rejoin_pods),
+            mark_nodes=tuple(self.mark_nodes),
+            events=(*resend, *self.events),
+            requeue_after=self.requeue_after,
+            delete_job=self.delete_job,
+            diagnosis=self.diagnosis,
+            recovery_seconds=self.recovery_seconds,
+            ledger_blame=self.ledger_blame,
+        )

@@ -1,0 +1,59 @@
+"""`tpujob describe` shows what a person needs after a failure, from the status alone."""
+
+from __future__ import annotations
+
+from tests.unit.builders import at, job_body, lease, observed, pod, running_status
+
+from tpujob.api import parse_job
+from tpujob.console import describe_lines, job_row
+from tpujob.plan.planner import plan
+
+
+def failed_over_node_loss() -> dict[str, object]:
+    from tests.unit.builders import cluster
+
+    job = job_body(status=running_status())
+    nodes = cluster(3, **{"pool-0-w1": {"ready": "Unknown"}})
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    result = plan(
+        observed(job, pods, nodes=nodes, heartbeat=lease(renewed=19, step=42)), now=at(20)
+    )
+    return job_body(status=result.status.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def test_describe_shows_the_failure_chain_budget_and_timeline() -> None:
+    text = "\n".join(describe_lines(parse_job(failed_over_node_loss()), at(30)))
+    assert "NODE_LOST" in text
+    assert "[HARD] NODE_LOST" in text
+    assert "pool-0-w1 (budget left 0)" in text
+    assert "FailureSeen" in text and "Restarting" in text
+    assert "step 42/" in text
+
+
+def test_get_row_has_phase_step_restarts_for_scripts() -> None:
+    row = job_row(parse_job(failed_over_node_loss()))
+    assert row["phase"] == "Recovering"
+    assert row["restarts"]["hard"] == 1
+    assert row["failedNodes"] == ["pool-0-w1"]
+
+
+def test_describe_breaks_the_wall_time_down_by_goodput_category() -> None:
+    body = failed_over_node_loss()
+    text = "\n".join(describe_lines(parse_job(body), at(30)))
+    # The attempt never reported its first heartbeat here: all of its 20 s were start-up.
+    assert "wall time  start-up 20s (100%)" in text
+    status = parse_job(body).status
+    assert status.goodput_breakdown is not None
+    assert status.attempt_history and status.attempt_history[0].failed
+
+
+def test_the_loss_the_trainer_reports_reaches_the_status_and_describe() -> None:
+    from tpujob.api import contract
+
+    job = job_body(status=running_status())
+    beat = lease(renewed=19, step=42)
+    beat["metadata"]["annotations"][contract.HEARTBEAT_LOSS] = "0.8125"
+    result = plan(observed(job, [pod(job, 1, 0, 0), pod(job, 1, 0, 1)], heartbeat=beat), now=at(20))
+    assert result.status.progress is not None and result.status.progress.loss == 0.8125
+    body = job_body(status=result.status.model_dump(mode="json", by_alias=True, exclude_none=True))
+    assert "loss 0.8125" in "\n".join(describe_lines(parse_job(body), at(30)))

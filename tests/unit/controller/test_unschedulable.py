@@ -1,0 +1,75 @@
+"""A pod the scheduler has not placed is told in the Running condition once it has waited a
+while, and its message does not change the status while the same pod waits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.builders import at, iso, job_body, observed, pod, running_status
+
+from tpujob.api import ConditionType, Phase
+from tpujob.controller.reconcile import status_patch
+from tpujob.plan.planner import UNSCHEDULABLE_GRACE_SECONDS, plan
+from tpujob.plan.result import Plan
+
+SAID = "0/101 nodes are available: 2 Insufficient google.com/tpu, 99 node(s) didn't match"
+SAID_LATER = "0/101 nodes are available: 2 Insufficient google.com/tpu, 40 node(s) had taints"
+
+
+def unplaced(job: dict[str, Any], worker: int, message: str, since: float) -> dict[str, Any]:
+    raw = pod(job, 1, 0, worker, phase="Pending")
+    raw["spec"].pop("nodeName")
+    raw["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": iso(at(since)),
+            }
+        ],
+    }
+    return raw
+
+
+def planned(job: dict[str, Any], message: str, now: float) -> Plan:
+    pods = [pod(job, 1, 0, 0, phase="Pending"), unplaced(job, 1, message, since=10)]
+    return plan(observed(job, pods), now=at(now))
+
+
+def starting() -> dict[str, Any]:
+    return job_body(status=running_status(phase=Phase.STARTING.value))
+
+
+@pytest.mark.parametrize(
+    ("waited", "told"),
+    [
+        (1.0, False),
+        (UNSCHEDULABLE_GRACE_SECONDS - 1, False),
+        (UNSCHEDULABLE_GRACE_SECONDS, True),
+        (UNSCHEDULABLE_GRACE_SECONDS * 4, True),
+    ],
+)
+def test_a_pod_is_said_unschedulable_once_it_has_waited_the_grace(
+    waited: float, told: bool
+) -> None:
+    result = planned(starting(), SAID, now=10 + waited)
+    running = result.status.condition(ConditionType.RUNNING)
+    said = running is not None and running.reason == "Unschedulable"
+    assert said is told
+    if told:
+        assert running is not None and running.message == f"pod train-1-0-1: {SAID}"
+    else:  # woken when the grace ends, not a poll later
+        assert result.requeue_after <= UNSCHEDULABLE_GRACE_SECONDS - waited + 1e-6
+
+
+def test_the_schedulers_changing_counts_for_the_same_pod_write_no_status() -> None:
+    first = planned(starting(), SAID, now=40)
+    job = job_body(status=first.status.model_dump(mode="json", by_alias=True, exclude_none=True))
+    later = planned(job, SAID_LATER, now=45)
+    assert status_patch(later.status) == status_patch(first.status) | {
+        "goodputBreakdown": status_patch(later.status).get("goodputBreakdown")
+    }

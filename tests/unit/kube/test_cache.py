@@ -1,0 +1,183 @@
+"""The watch-fed cache: what each index keeps of an object, and the reads built on it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from tests.unit.builders import at, job_body, node, pod, running_status, trainer_message
+from tests.unit.fakes import FakeReader
+
+from tpujob.api import contract, labels
+from tpujob.kube.cache import (
+    CachedView,
+    NodeBook,
+    job_record,
+    newer,
+    node_record,
+    pod_by_node,
+    pod_by_pool,
+    pod_record,
+)
+from tpujob.kube.observe import observe, tails_to_read
+from tpujob.observed.nodes import note_tpu_shortfall
+from tpujob.observed.views import node_view
+
+
+def test_a_pods_record_keeps_its_owner_uids_and_a_redacted_message() -> None:
+    job = job_body(status=running_status())
+    message = trainer_message(
+        contract.ExitCode.SHAPE_MISMATCH, "fetch https://user:hunter2@example.com/data failed"
+    )
+    raw = pod(job, 1, 0, 1, phase="Failed", exit_code=1, message=message)
+    record = pod_record(raw)
+    assert record.owners == frozenset({job["metadata"]["uid"]})
+    assert "hunter2" not in record.view.message
+    assert record.view.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("phase", "held"),
+    [("Pending", True), ("Running", True), ("Succeeded", False), ("Failed", False)],
+)
+def test_only_a_live_pod_holds_its_pool(phase: str, held: bool) -> None:
+    job = job_body(status=running_status())
+    raw = pod(job, 1, 0, 0, phase=phase)
+    raw["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    assert bool(pod_by_pool(raw)) is held
+
+
+def test_a_pod_is_indexed_under_the_node_it_is_bound_to() -> None:
+    job = job_body(status=running_status())
+    raw = pod(job, 1, 0, 0, node_name="node-7")
+    assert pod_by_node(raw) == {"node-7": ("team", "train")}
+    unbound = pod(job, 1, 0, 1)
+    unbound["spec"].pop("nodeName", None)
+    assert pod_by_node(unbound) == {}
+
+
+def test_busy_pools_are_those_other_jobs_hold() -> None:
+    job = job_body(status=running_status())
+    other = job_body(status=running_status())
+    other["metadata"].update(name="other", uid="uid-other")
+    mine, theirs = pod(job, 1, 0, 0), pod(other, 1, 0, 0)
+    theirs["metadata"]["labels"][labels.JOB] = "other"
+    mine["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    theirs["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-b"}
+    view = FakeReader([mine, theirs], body=job)
+    assert view.busy_pools("team", "train") == frozenset({"pool-b"})
+    assert view.pool_holders("pool-b") == frozenset({("team", "other")})
+
+
+def test_observe_from_the_cache_keeps_only_owned_pods_and_names_the_tails_to_read() -> None:
+    job = job_body(status=running_status())
+    failed = pod(job, 1, 0, 1, phase="Failed", exit_code=137)
+    forged = pod(job, 1, 0, 1, phase="Failed", exit_code=1)
+    forged["metadata"].update(name="forged", uid="forged-uid", ownerReferences=[])
+    seen = observe(FakeReader([pod(job, 1, 0, 0), failed, forged], body=job), job)
+    assert "forged" not in [p.name for p in seen.pods]
+    assert tails_to_read(seen) == [(failed["metadata"]["name"], failed["metadata"]["uid"])]
+
+
+def test_a_job_record_is_the_cache_s_own_copy_without_managed_fields() -> None:
+    raw = job_body(status=running_status())
+    raw["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    record = job_record(raw)[("team", "train")]
+    raw["status"]["phase"] = "Failed"  # the watch's object changes later
+    raw["metadata"]["labels"] = {"changed": "yes"}
+    assert record["status"]["phase"] != "Failed"
+    assert "labels" not in record["metadata"]
+    assert "managedFields" not in record["metadata"]
+    assert "managedFields" in raw["metadata"]  # the watch's own object is left as it was
+
+
+def test_reconciles_share_the_job_record_instead_of_copying_it() -> None:
+    record = job_record(job_body(status=running_status()))
+    view = CachedView(
+        jobs={k: [v] for k, v in record.items()}, pods={}, pools={}, nodes={}, heartbeats={}
+    )
+    assert view.job_body("team", "train") is view.job_body("team", "train")
+    assert view.job_body("team", "gone") is None
+
+
+@pytest.mark.parametrize(
+    ("cached", "written", "winner"),
+    [
+        ("10", "12", "written"),
+        ("12", "10", "cached"),
+        ("12", "12", "cached"),
+        ("abc", "12", "cached"),
+        (None, "12", "written"),
+    ],
+)
+def test_the_newer_of_two_versions_wins_and_opaque_versions_favour_the_watch(
+    cached: str | None, written: str, winner: str
+) -> None:
+    a = {"metadata": {"resourceVersion": cached}} if cached is not None else None
+    b = {"metadata": {"resourceVersion": written}}
+    assert newer(a, b) is (a if winner == "cached" else b)
+
+
+def test_a_pool_this_job_shares_with_another_is_busy_one_it_holds_alone_is_not() -> None:
+    job = job_body(status=running_status())
+    other = job_body(status=running_status())
+    other["metadata"].update(name="other", uid="uid-other")
+    mine_a, mine_b = pod(job, 1, 0, 0), pod(job, 1, 0, 1)
+    theirs = pod(other, 1, 0, 0)
+    theirs["metadata"]["labels"][labels.JOB] = "other"
+    mine_a["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    mine_b["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-b"}
+    theirs["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-b"}
+    view = FakeReader([mine_a, mine_b, theirs], body=job)
+    assert view.busy_pools("team", "train") == frozenset({"pool-b"})
+    assert view.busy_pools("team", "other") == frozenset({"pool-a", "pool-b"})
+
+
+def test_a_node_status_renewal_changes_nothing_the_planner_reads() -> None:
+    book = NodeBook()
+    raw = node("pool-0-w0", "pool-0")
+    node_record(raw, book)
+    first = book.snapshot()
+    assert book.take_change("pool-0-w0") and not book.take_change("pool-0-w0")
+    renewed = copy.deepcopy(raw)
+    renewed["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T12:00:10Z"
+    node_record(renewed, book)
+    assert not book.take_change("pool-0-w0")
+    assert book.snapshot() is first  # the reconciles' snapshot is not rebuilt
+
+
+@pytest.mark.parametrize("change", ["tainted", "tpus-short", "deleted"])
+def test_a_node_change_the_planner_reads_makes_a_new_snapshot(change: str) -> None:
+    book = NodeBook()
+    node_record(node("pool-0-w0", "pool-0"), book)
+    node_record(node("pool-0-w1", "pool-0"), book)
+    first = book.snapshot()
+    book.take_change("pool-0-w0")
+    if change == "deleted":
+        book.note("pool-0-w0", None)
+    else:
+        node_record(
+            node(
+                "pool-0-w0",
+                "pool-0",
+                taints=("x",) if change == "tainted" else (),
+                tpu_unhealthy=change == "tpus-short",
+            ),
+            book,
+        )
+    assert book.take_change("pool-0-w0")
+    second = book.snapshot()
+    assert second is not first and first["pool-0-w0"] is not second.get("pool-0-w0")
+    assert set(first) == {"pool-0-w0", "pool-0-w1"}  # a snapshot handed out never changes
+    assert second["pool-0-w1"] is first["pool-0-w1"]
+
+
+def test_a_tpu_shortfall_is_timed_from_the_first_event_that_showed_it() -> None:
+    short = node_view(node("n0", "p", tpu_unhealthy=True))
+    healthy = node_view(node("n0", "p"))
+    first = note_tpu_shortfall({}, "n0", short, now=at(10))
+    assert first == {"n0": at(10)}
+    assert note_tpu_shortfall(first, "n0", short, now=at(30)) is first
+    assert note_tpu_shortfall(first, "n0", healthy, now=at(40)) == {}
+    assert note_tpu_shortfall(first, "n0", None, now=at(40)) == {}
+    assert first == {"n0": at(10)}  # a record handed to a plan is never changed

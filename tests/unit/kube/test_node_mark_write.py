@@ -1,0 +1,84 @@
+"""Taking a node's mark off: only the mark the job made, only as the Node reads now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tpujob.api import BadNodeAction, labels
+from tpujob.kube.apply import Writer
+from tpujob.plan.result import NodeMark
+
+OURS = "team/train: NODE_LOST"
+UNREACHABLE = client.V1Taint(key=labels.UNREACHABLE_TAINT, effect="NoExecute")
+
+
+class FakeNodes:
+    """The two CoreV1Api calls a mark makes, over one stored Node."""
+
+    def __init__(self, node: client.V1Node, conflict: bool = False) -> None:
+        self.node, self.conflict = node, conflict
+        self.patches: list[dict[str, Any]] = []
+
+    def read_node(self, name: str, **_: Any) -> client.V1Node:
+        return self.node
+
+    def patch_node(self, name: str, body: dict[str, Any], **_: Any) -> None:
+        if self.conflict:
+            raise ApiException(status=409, reason="Conflict")
+        self.patches.append(body)
+
+
+def marked_node(reason: str | None, *, cordoned: bool = False) -> client.V1Node:
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name="n",
+            resource_version="42",
+            annotations={labels.BAD_NODE_REASON: reason} if reason else None,
+        ),
+        spec=client.V1NodeSpec(
+            unschedulable=cordoned or None,
+            taints=[
+                client.V1Taint(key=labels.BAD_NODE_TAINT, value="train", effect="NoSchedule"),
+                client.V1Taint(key="dedicated", value="tpu", effect="NoSchedule"),
+            ],
+        ),
+    )
+
+
+def cleared(nodes: FakeNodes, action: BadNodeAction) -> list[dict[str, Any]]:
+    writer = Writer(client.ApiClient())
+    writer.core = nodes  # type: ignore[assignment]
+    writer.mark_node(NodeMark("n", action, OURS, clear=True), "train")
+    return nodes.patches
+
+
+def test_the_jobs_own_taint_comes_off_and_other_taints_stay() -> None:
+    [patch] = cleared(FakeNodes(marked_node(OURS)), BadNodeAction.TAINT)
+    assert patch["metadata"] == {
+        "resourceVersion": "42",
+        "annotations": {labels.BAD_NODE_REASON: None},
+    }
+    assert patch["spec"] == {
+        "taints": [{"key": "dedicated", "value": "tpu", "effect": "NoSchedule"}]
+    }
+
+
+def test_the_jobs_own_cordon_comes_off() -> None:
+    [patch] = cleared(FakeNodes(marked_node(OURS, cordoned=True)), BadNodeAction.CORDON)
+    assert patch["spec"] == {"unschedulable": False}
+
+
+@pytest.mark.parametrize(
+    "reason", ["other/job: NODE_LOST", "team/train: TPU_UNHEALTHY", None], ids=str
+)
+def test_a_mark_someone_else_made_stays(reason: str | None) -> None:
+    assert cleared(FakeNodes(marked_node(reason)), BadNodeAction.TAINT) == []
+
+
+def test_a_node_changed_in_between_is_left_for_the_next_reconcile() -> None:
+    # The Conflict of the resourceVersion-guarded patch is not an error of the reconcile.
+    assert cleared(FakeNodes(marked_node(OURS), conflict=True), BadNodeAction.TAINT) == []
