@@ -28,7 +28,7 @@ from tpujob.controller.ledger_store import load_ledger
 from tpujob.controller.reconcile import Deps, reconcile, refresh_catalogue, release_pools
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
-from tpujob.observed.nodes import note_tpu_shortfall
+from tpujob.observed.nodes import down_now, note_tpu_shortfall, placeable
 from tpujob.plan.failed_nodes import marked_by
 
 ERROR_RETRY_SECONDS = 2.0
@@ -258,7 +258,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if holder is not None:
             concerned.add(holder)
         memo.wakes.wake_live(concerned, at=now)
-        marker = marked_by(view.mark_reason) if view is not None and not view.lost else None
+        marker = marked_by(view.mark_reason) if view is not None and not down_now(view) else None
         if marker is not None:
             # The job that marked a node lost may take its mark off once the node is back,
             # finished or not: only it knows why, and nothing else would wake a finished job.
@@ -269,7 +269,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             and holder is None
             and view.accelerator
             and view.topology
-            and view.healthy_for(frozenset())
+            and placeable(view)
             and not memo.view.pool_holders(view.pool)
         ):
             memo.wakes.pool_freed((view.accelerator, view.topology), at=now)

@@ -1,8 +1,14 @@
-"""When a node's trouble is a failure: the debounced verdict on one node at one instant.
+"""What a node's state means, decided in one place: down now, placeable, lost for good.
 
-Pure. A single reading of Ready!=True (a kubelet restart, a few seconds of PLEG) or of
-allocatable `google.com/tpu` below capacity (a device-plugin restart) is not yet a failure; it
-becomes one when it has lasted a grace period. Not-Ready is timed from the Ready condition's
+Pure. Placement, force-deletion, the diagnosis and the return of a blamed node all read a node
+through this module, so they cannot disagree about it. Two questions, two answers:
+`down_now` and `placeable` are the instant's readings (is it Ready now, may a slice go there
+now); `judge` is the debounced verdict (has its trouble lasted long enough to be a failure),
+and `lost` is that verdict's answer to "is it gone".
+
+A single reading of Ready!=True (a kubelet restart, a few seconds of PLEG) or of allocatable
+`google.com/tpu` below capacity (a device-plugin restart) is not yet a failure; it becomes one
+when it has lasted a grace period. Not-Ready is timed from the Ready condition's
 lastTransitionTime; a TPU shortfall, which the Node object does not time, from when the
 operator first saw it (`track_tpu_shortfall`), the way the node-lifecycle controller keeps its
 own probe times in memory. Signals that are already settled verdicts count at once: the
@@ -40,9 +46,56 @@ class NodeTrouble(StrEnum):
         return self not in (NodeTrouble.SUSPECT, NodeTrouble.NONE)
 
     @property
+    def lost(self) -> bool:
+        """The node is gone for its pods: no kubelet will end them."""
+        return self in _LOST
+
+    @property
     def broken(self) -> bool:
         """A failure of the node itself (the job blames it), not a planned maintenance."""
         return self.failure and self is not NodeTrouble.MAINTENANCE
+
+
+_LOST = frozenset(
+    {NodeTrouble.GONE, NodeTrouble.OUT_OF_SERVICE, NodeTrouble.UNREACHABLE, NodeTrouble.NOT_READY}
+)
+
+
+def down_now(node: NodeView) -> bool:
+    """Not Ready at this instant, or given up on by the node controller or an administrator.
+
+    Not yet a failure (that is `judge`'s), but no slice is placed there and a node blamed for
+    being lost is not back while it holds.
+    """
+    return (
+        node.ready != "True"
+        or node.has_taint(labels.UNREACHABLE_TAINT)
+        or node.has_taint(labels.OUT_OF_SERVICE_TAINT)
+    )
+
+
+def under_maintenance(node: NodeView) -> bool:
+    """GKE's maintenance taints or labels: the node is going away on a schedule."""
+    return any(node.has_taint(t) for t in labels.MAINTENANCE_TAINTS) or any(
+        node.labels.get(k) == v for k, v in labels.MAINTENANCE_LABELS.items()
+    )
+
+
+def tpu_short(node: NodeView) -> bool:
+    """Allocatable google.com/tpu below capacity: the device plugin holds chips back now."""
+    return node.tpu_capacity > 0 and node.tpu_allocatable < node.tpu_capacity
+
+
+def placeable(node: NodeView, bad_nodes: frozenset[str] = frozenset()) -> bool:
+    """A slice may be placed on the node now: up, whole, not leaving, not marked bad."""
+    return not (
+        down_now(node)
+        or under_maintenance(node)
+        or tpu_short(node)
+        or node.unschedulable
+        or node.name in bad_nodes
+        or node.has_taint(labels.BAD_NODE_TAINT)
+    )
 
 
 @dataclass(frozen=True)
@@ -96,7 +149,7 @@ def _not_ready_past_grace(r: _Reading) -> str | None:
 
 
 def _tpu_short_past_grace(r: _Reading) -> str | None:
-    if not r.node.tpu_degraded:
+    if not tpu_short(r.node):
         return None
     lasted = _seconds(r.short_since, r.now)
     if lasted is None or lasted >= r.settings.tpu_shortfall_grace_seconds:
@@ -111,7 +164,7 @@ def _tpu_short_past_grace(r: _Reading) -> str | None:
 def _suspect(r: _Reading) -> str | None:
     if r.node.ready != "True":
         return f"node {r.node.name} Ready={r.node.ready}, within the grace"
-    if r.node.tpu_degraded:
+    if tpu_short(r.node):
         return (
             f"node {r.node.name} allocatable {labels.TPU_RESOURCE}="
             f"{r.node.tpu_allocatable} of {r.node.tpu_capacity}, within the grace"
@@ -129,7 +182,7 @@ def _taint(key: str, effect: str | None, what: str) -> Callable[[_Reading], str 
 
 
 def _maintenance(r: _Reading) -> str | None:
-    if not r.node.under_maintenance:
+    if not under_maintenance(r.node):
         return None
     shown = [k for k, _ in r.node.taints if k in labels.MAINTENANCE_TAINTS] + [
         f"{k}={v}" for k, v in labels.MAINTENANCE_LABELS.items() if r.node.labels.get(k) == v
@@ -177,6 +230,14 @@ def judge(
     return DEFAULT_VERDICT
 
 
+def lost(
+    node: NodeView | None, *, now: datetime, settings: NodeHealthSettings = DEFAULT_HEALTH
+) -> bool:
+    """The node is gone for its pods (its verdict says so, past the grace): a pod stuck
+    terminating there will not be ended by a kubelet, and does not hold up the next attempt."""
+    return judge(node, now=now, settings=settings).trouble.lost
+
+
 def track_tpu_shortfall(
     previous: Mapping[str, datetime], nodes: Iterable[NodeView], *, now: datetime
 ) -> dict[str, datetime]:
@@ -185,7 +246,7 @@ def track_tpu_shortfall(
     A node short now keeps its earlier time (or gets `now`); a node that recovered, or that
     is no longer seen, is dropped, so a flap restarts its grace.
     """
-    return {node.name: previous.get(node.name, now) for node in nodes if node.tpu_degraded}
+    return {node.name: previous.get(node.name, now) for node in nodes if tpu_short(node)}
 
 
 def note_tpu_shortfall(
@@ -193,7 +254,7 @@ def note_tpu_shortfall(
 ) -> Mapping[str, datetime]:
     """`track_tpu_shortfall` for one node's change (None: the node is gone): the same record
     when nothing changed, else a new one (a record handed to a plan is never changed)."""
-    short = node is not None and node.tpu_degraded
+    short = node is not None and tpu_short(node)
     if short == (name in previous):
         return previous
     record = dict(previous)

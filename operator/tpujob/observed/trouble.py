@@ -17,7 +17,14 @@ from datetime import datetime
 from tpujob import diagnosis as dx
 from tpujob.api import UserRule as ApiUserRule
 from tpujob.api import contract, labels
-from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings, NodeTrouble, Verdict, judge
+from tpujob.observed.nodes import (
+    DEFAULT_HEALTH,
+    NodeHealthSettings,
+    NodeTrouble,
+    Verdict,
+    judge,
+    tpu_short,
+)
 from tpujob.observed.views import NodeView, Observed, PodView
 
 
@@ -49,7 +56,7 @@ def node_facts(
         return dx.NodeFacts(name=name, exists=False, ready="Unknown")
     settled = verdict is None or verdict.trouble is not NodeTrouble.SUSPECT
     shows_ready = node.ready if settled or node.ready == "True" else "True"
-    short = node.tpu_degraded and settled
+    short = tpu_short(node) and settled
     return dx.NodeFacts(
         name=node.name,
         ready=shows_ready,

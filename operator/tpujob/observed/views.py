@@ -157,10 +157,10 @@ def _dicts(value: Any) -> list[Mapping[str, Any]]:
 
 @dataclass(frozen=True)
 class NodeView:
-    """A node as placement and diagnosis see it: what it shows now, without judging it.
+    """A node as it shows now, parsed and not judged.
 
-    `lost` and `tpu_degraded` are the immediate readings; `tpujob.observed.nodes` decides when
-    they have lasted long enough to be a failure.
+    What its readings mean (down now, under maintenance, TPUs short, placeable, lost for good)
+    is decided in one place, `tpujob.observed.nodes`, which every reader asks.
     """
 
     name: str
@@ -183,38 +183,9 @@ class NodeView:
         return any(k == key and effect in (None, e) for k, e in self.taints)
 
     @property
-    def lost(self) -> bool:
-        return (
-            self.ready != "True"
-            or self.has_taint(labels.UNREACHABLE_TAINT)
-            or self.has_taint(labels.OUT_OF_SERVICE_TAINT)
-        )
-
-    @property
-    def under_maintenance(self) -> bool:
-        return any(self.has_taint(t) for t in labels.MAINTENANCE_TAINTS) or any(
-            self.labels.get(k) == v for k, v in labels.MAINTENANCE_LABELS.items()
-        )
-
-    @property
-    def tpu_degraded(self) -> bool:
-        """Allocatable google.com/tpu below capacity: the device plugin holds chips back."""
-        return self.tpu_capacity > 0 and self.tpu_allocatable < self.tpu_capacity
-
-    @property
     def scheduled_maintenance(self) -> str | None:
         """GKE's scheduled-maintenance-time label (Unix seconds), unparsed."""
         return self.labels.get(labels.SCHEDULED_MAINTENANCE_LABEL)
-
-    def healthy_for(self, bad_nodes: frozenset[str]) -> bool:
-        return not (
-            self.lost
-            or self.under_maintenance
-            or self.tpu_degraded
-            or self.unschedulable
-            or self.name in bad_nodes
-            or self.has_taint(labels.BAD_NODE_TAINT)
-        )
 
 
 def node_view(raw: Mapping[str, Any]) -> NodeView:

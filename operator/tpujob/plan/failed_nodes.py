@@ -27,6 +27,7 @@ from datetime import datetime
 
 from tpujob.api import BadNodeAction, FailedNode, labels
 from tpujob.diagnosis.model import FailureCode
+from tpujob.observed.nodes import down_now, tpu_short, under_maintenance
 from tpujob.observed.views import NodeView, Observed
 
 __all__ = [
@@ -64,9 +65,9 @@ def return_due(
         or failed.relapsed
         or failed.time is None
         or (failed.uid and node.uid != failed.uid)
-        or node.lost
-        or node.tpu_degraded
-        or node.under_maintenance
+        or down_now(node)
+        or tpu_short(node)
+        or under_maintenance(node)
         or node.ready_since is None
         or node.ready_since <= failed.time  # never seen to go and come back since the blame
     ):

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 
 from tpujob.api.attempt import AttemptStatus, SlicePlacement
+from tpujob.observed.nodes import placeable
 from tpujob.observed.views import NodeView
 
 # How far ahead a job with no measured pace is assumed to run.
@@ -31,7 +32,7 @@ class PoolHealth:
     nodes: tuple[NodeView, ...]
 
     def usable(self, hosts: int, bad_nodes: frozenset[str]) -> bool:
-        return len(self.nodes) >= hosts and all(n.healthy_for(bad_nodes) for n in self.nodes)
+        return len(self.nodes) >= hosts and all(placeable(n, bad_nodes) for n in self.nodes)
 
 
 def pools_for(nodes: Iterable[NodeView], accelerator: str, topology: str) -> list[PoolHealth]:

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from tpujob.api import ConditionStatus, ConditionType, Phase, Progress
 from tpujob.api.attempt import AttemptStatus
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
+from tpujob.observed.nodes import lost
 from tpujob.observed.trouble import find_trouble
 from tpujob.observed.views import Observed, PodView
 from tpujob.plan import manifests
@@ -165,7 +166,9 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
         ):
             continue  # it rejoins this attempt in place
         node = obs.nodes.get(pod.node) if pod.node else None
-        node_gone = pod.node is not None and (node is None or node.lost)
+        node_gone = pod.node is not None and lost(
+            node, now=draft.now, settings=settings.node_health
+        )
         if pod.deleting_since is None:
             grace = None if graceful and not pod.terminal else settings.restart_grace_seconds
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, 0 if pod.terminal else grace))
