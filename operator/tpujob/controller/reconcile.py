@@ -19,9 +19,6 @@ from functools import partial
 from typing import Any
 
 from tpujob.api import (
-    Condition,
-    ConditionStatus,
-    ConditionType,
     InvalidJobError,
     Phase,
     TPUTrainingJobStatus,
@@ -37,8 +34,9 @@ from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError, Unavaila
 from tpujob.kube.observe import ClusterReads, observe, tails_to_read, with_tails
 from tpujob.observed.nodes import track_tpu_shortfall
 from tpujob.observed.views import Observed
+from tpujob.plan import reports
 from tpujob.plan.planner import plan
-from tpujob.plan.result import EventSpec, Plan
+from tpujob.plan.result import Plan
 
 __all__ = ["Deps", "reconcile", "refresh_catalogue", "release_pools"]
 
@@ -278,12 +276,7 @@ def _has_effects(result: Plan) -> bool:
 
 
 def _waiting_for(result: Plan, observed: Observed) -> Shape | None:
-    running = result.status.condition(ConditionType.RUNNING)
-    if (
-        running is None
-        or running.reason != "WaitingForPool"
-        or result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
-    ):
+    if not reports.waits_for_pool(result.status):
         return None
     return (observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
 
@@ -370,21 +363,11 @@ async def _report_refused(deps: Deps, body: dict[str, Any], err: PodsRefusedErro
     The status was already written by this reconcile; this second write happens only on this
     error path, so the reason shows within the reconcile that met it.
     """
-    status = parse_status(body.get("status"))
-    previous = status.condition(ConditionType.PODS_REFUSED)
-    message = str(err)[:1000]
-    status = status.with_condition(
-        Condition(
-            type=ConditionType.PODS_REFUSED,
-            status=ConditionStatus.TRUE,
-            reason="FailedCreate",
-            message=message,
-            last_transition_time=deps.clock(),
-        )
-    )
-    if previous is None or previous.status != ConditionStatus.TRUE or previous.message != message:
+    report = reports.pods_refused(parse_status(body.get("status")), str(err), now=deps.clock())
+    if report is not None:
+        status, event = report
         await deps.run(deps.writer.write_status, body, status_patch(status))
-        await deps.run(deps.writer.event, body, EventSpec("Warning", "FailedCreate", message))
+        await deps.run(deps.writer.event, body, event)
     return REFUSED_RETRY_SECONDS
 
 
@@ -458,21 +441,12 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
 
 async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:
     """Planning overran its budget: say so on this job and let every other job go on."""
-    rules = [r.message_pattern for r in observed.job.spec.recovery.rules if r.message_pattern]
-    message = (
-        f"planning this job took longer than {deps.plan_budget_seconds:.0f}s and was "
-        f"abandoned; it is retried in {SLOW_PLAN_RETRY_SECONDS:.0f}s"
-    )
-    if rules:
-        message += "; spec.recovery.rules patterns: " + ", ".join(repr(r) for r in rules)
-    status = parse_status(body.get("status")).with_condition(
-        Condition(
-            type=ConditionType.PLANNING_SLOW,
-            status=ConditionStatus.TRUE,
-            reason="PlanningBudgetExceeded",
-            message=message[:1000],
-            last_transition_time=deps.clock(),
-        )
+    status = reports.planning_slow(
+        parse_status(body.get("status")),
+        budget_seconds=deps.plan_budget_seconds,
+        retry_seconds=SLOW_PLAN_RETRY_SECONDS,
+        patterns=[r.message_pattern for r in observed.job.spec.recovery.rules if r.message_pattern],
+        now=deps.clock(),
     )
     await deps.run(deps.writer.write_status, body, status_patch(status))
     return SLOW_PLAN_RETRY_SECONDS
@@ -480,17 +454,10 @@ async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed
 
 async def _report_invalid(deps: Deps, body: dict[str, object], err: InvalidJobError) -> None:
     """A spec the schema let through but the operator cannot run: say so in a condition."""
-    status = parse_status(body.get("status"))  # type: ignore[arg-type]
-    message = "; ".join(f"{e.path}: {e.message}" for e in err.errors)[:4000]
-    status = status.with_condition(
-        Condition(
-            type=ConditionType.SPEC_VALID,
-            status=ConditionStatus.FALSE,
-            reason="InvalidSpec",
-            message=message,
-            last_transition_time=deps.clock(),
-        )
-    ).model_copy(update={"phase": Phase.PENDING})
-    new = status_patch(status)
-    if new != status_patch(parse_status(body.get("status"))):  # type: ignore[arg-type]
-        await deps.run(deps.writer.write_status, body, new)
+    status = reports.invalid_spec(
+        parse_status(body.get("status")),  # type: ignore[arg-type]
+        err.errors,
+        now=deps.clock(),
+    )
+    if status is not None:
+        await deps.run(deps.writer.write_status, body, status_patch(status))

@@ -12,6 +12,7 @@ from tpujob import diagnosis as dx
 from tpujob.api import ConditionType, LastFailure, Phase, TPUTrainingJobStatus, contract
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
+from tpujob.api.reasons import ConditionReason, EventReason, EventType, TimelineKind
 from tpujob.gcp.catalogue import pool_advice
 from tpujob.observed.nodes import NodeHealthSettings, judge
 from tpujob.observed.trouble import Trouble, user_rules
@@ -158,13 +159,15 @@ def handle_failure(
         ),
     )
     draft.timeline(
-        "FailureSeen",
+        TimelineKind.FAILURE_SEEN,
         f"attempt {status.attempt}: pods {', '.join(trouble.pods)}",
         at=trouble.seen_at,
     )
-    draft.timeline("Diagnosed", d.headline)
+    draft.timeline(TimelineKind.DIAGNOSED, d.headline)
     draft.event(
-        "Warning", "FailureDiagnosed", d.headline + (f" Advice: {d.advice}" if d.advice else "")
+        EventType.WARNING,
+        EventReason.FAILURE_DIAGNOSED,
+        d.headline + (f" Advice: {d.advice}" if d.advice else ""),
     )
     keep: frozenset[int] = frozenset()
     if isinstance(decision, Restart):
@@ -238,8 +241,8 @@ def _fail(draft: Draft, d: dx.Diagnosis, trouble: Trouble, decision: FailJob) ->
     draft.condition(ConditionType.FAILED, True, decision.reason, decision.message)
     draft.condition(ConditionType.RUNNING, False, decision.reason)
     draft.condition(ConditionType.RECOVERING, False, decision.reason)
-    draft.timeline("Failed", decision.message)
-    draft.event("Warning", decision.reason, decision.message)
+    draft.timeline(TimelineKind.FAILED, decision.message)
+    draft.event(EventType.WARNING, decision.reason, decision.message)
 
 
 def _restart(
@@ -318,10 +321,10 @@ def _restart(
                 mark_reason(job.namespace, job.name, str(d.code)),
             )
         )
-    draft.condition(ConditionType.RECOVERING, True, str(d.code), action)
-    draft.condition(ConditionType.RUNNING, False, "Recovering", d.headline)
-    draft.timeline("Restarting", f"{d.tag} {action}")
-    draft.event("Normal", "Restarting", f"{d.tag} {action}")
+    draft.condition(ConditionType.RECOVERING, True, d.code, action)
+    draft.condition(ConditionType.RUNNING, False, ConditionReason.RECOVERING, d.headline)
+    draft.timeline(TimelineKind.RESTARTING, f"{d.tag} {action}")
+    draft.event(EventType.NORMAL, EventReason.RESTARTING, f"{d.tag} {action}")
     draft.requeue(decision.delay_seconds or 0.5)
 
 

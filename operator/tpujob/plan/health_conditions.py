@@ -13,8 +13,10 @@ from dataclasses import replace
 from tpujob import diagnosis as dx
 from tpujob.api import ConditionStatus, ConditionType
 from tpujob.api.attempt import MemorySampleStatus
+from tpujob.api.reasons import ConditionReason, EventType
 from tpujob.observed.training import (
     HealthCheck,
+    HealthReason,
     HealthVerdicts,
     MemorySample,
     assess,
@@ -32,13 +34,13 @@ CONDITION_OF = {
 }
 
 
-def _finding(verdicts: HealthVerdicts, check: HealthCheck) -> tuple[str, str] | None:
+def _finding(verdicts: HealthVerdicts, check: HealthCheck) -> tuple[HealthReason, str] | None:
     found = {
         HealthCheck.INPUT_BOUND: verdicts.input_bound,
         HealthCheck.STRAGGLER: verdicts.straggler,
         HealthCheck.HOST_MEMORY_GROWING: verdicts.host_memory_growing,
     }[check]
-    return (str(found.reason), found.message) if found is not None else None
+    return (found.reason, found.message) if found is not None else None
 
 
 def watch_training_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...]) -> None:
@@ -82,13 +84,13 @@ def watch_training_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...]
         was = draft.status.condition(kind)
         if found is None:
             if was is not None and was.status == ConditionStatus.TRUE:
-                draft.condition(kind, False, "Healthy")
+                draft.condition(kind, False, ConditionReason.HEALTHY)
             continue
         reason, message = found
         draft.condition(kind, True, reason, message)
         if was is None or was.status != ConditionStatus.TRUE:
-            draft.timeline(str(kind), message)
-            draft.event("Warning", str(kind), message)
+            draft.timeline(kind, message)
+            draft.event(EventType.WARNING, kind, message)
 
 
 def grade_leak(d: dx.Diagnosis, obs: Observed) -> dx.Diagnosis:

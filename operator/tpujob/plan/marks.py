@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tpujob.api import BadNodeAction, FailedNode, labels
+from tpujob.api.reasons import EventReason, EventType
 from tpujob.observed.views import NodeView, Observed
 from tpujob.plan.failed_nodes import mark_reason, repaired, return_due
 from tpujob.plan.result import Draft, EventSpec, NodeMark, PlannerSettings
@@ -81,8 +82,8 @@ def _take_off_if_back(
     # the same Event, and it is told once.
     draft.events.append(
         EventSpec(
-            "Normal",
-            "NodeTrustedAgain",
+            EventType.NORMAL,
+            EventReason.NODE_TRUSTED_AGAIN,
             f"node {failed.name}, lost, is back Ready for {after:.0f}s: its mark is taken off; "
             "it still counts against maxFailedNodes",
             (node.ready_since or draft.now) + timedelta(seconds=after),

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from tpujob.api import ConditionStatus, ConditionType, Phase, Progress
 from tpujob.api.attempt import AttemptStatus
+from tpujob.api.reasons import ConditionReason, EventReason, EventType, TimelineKind
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
 from tpujob.observed.nodes import lost
 from tpujob.observed.trouble import find_trouble
@@ -44,10 +45,10 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     job = obs.job
     draft = Draft(status=job.status, now=now, requeue_after=settings.poll_seconds)
     draft.update(observed_generation=job.metadata.get("generation"))
-    draft.condition(ConditionType.SPEC_VALID, True, "Valid")
+    draft.condition(ConditionType.SPEC_VALID, True, ConditionReason.VALID)
     slow = job.status.condition(ConditionType.PLANNING_SLOW)
     if slow is not None and slow.status == ConditionStatus.TRUE:
-        draft.condition(ConditionType.PLANNING_SLOW, False, "WithinBudget")
+        draft.condition(ConditionType.PLANNING_SLOW, False, ConditionReason.WITHIN_BUDGET)
     if job.status.phase not in TERMINAL:
         _shape_offered(obs, draft)
     if job.status.phase in TERMINAL:
@@ -87,10 +88,13 @@ def _shape_offered(obs: Observed, draft: Draft) -> None:
     offered = check.level is FindingLevel.OK
     before = obs.job.status.condition(ConditionType.SHAPE_OFFERED)
     draft.condition(
-        ConditionType.SHAPE_OFFERED, offered, "Offered" if offered else "NotOffered", check.message
+        ConditionType.SHAPE_OFFERED,
+        offered,
+        ConditionReason.OFFERED if offered else ConditionReason.NOT_OFFERED,
+        check.message,
     )
     if not offered and (before is None or before.status != ConditionStatus.FALSE):
-        draft.event("Warning", "ShapeNotOffered", check.message)
+        draft.event(EventType.WARNING, EventReason.SHAPE_NOT_OFFERED, check.message)
 
 
 def _new_attempt_after_start_or_resume(
@@ -116,8 +120,14 @@ def _new_attempt_after_start_or_resume(
             collective_timeout_seconds=job.status.current_attempt.collective_timeout_seconds,
         ),
     )
-    draft.condition(ConditionType.SUSPENDED, False, "Resumed" if resuming else "NotSuspended")
-    draft.timeline("Resumed" if resuming else "Started", f"attempt {attempt} planned")
+    draft.condition(
+        ConditionType.SUSPENDED,
+        False,
+        ConditionReason.RESUMED if resuming else ConditionReason.NOT_SUSPENDED,
+    )
+    draft.timeline(
+        TimelineKind.RESUMED if resuming else TimelineKind.STARTED, f"attempt {attempt} planned"
+    )
 
 
 def _suspend(obs: Observed, draft: Draft) -> None:
@@ -129,10 +139,12 @@ def _suspend(obs: Observed, draft: Draft) -> None:
             phase=Phase.SUSPENDED,
             current_attempt=AttemptStatus(placement=obs.job.status.current_attempt.placement),
         )
-        draft.condition(ConditionType.SUSPENDED, True, "Suspended", "spec.suspend is true")
-        draft.condition(ConditionType.RUNNING, False, "Suspended")
-        draft.timeline("Suspended", "pods stopped; the status is kept")
-        draft.event("Normal", "Suspended", "spec.suspend is true: pods stopped")
+        draft.condition(
+            ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED, "spec.suspend is true"
+        )
+        draft.condition(ConditionType.RUNNING, False, ConditionReason.SUSPENDED)
+        draft.timeline(TimelineKind.SUSPENDED, "pods stopped; the status is kept")
+        draft.event(EventType.NORMAL, EventReason.SUSPENDED, "spec.suspend is true: pods stopped")
 
 
 def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
@@ -183,9 +195,10 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
             told = f"pod {pod.name} was stuck terminating on {pod.node or 'no node'}"
             # The cache may show the pod again before the force delete lands: say it once.
             if not any(
-                e.kind == "ForceDeleted" and e.message == told for e in draft.status.timeline
+                e.kind == TimelineKind.FORCE_DELETED and e.message == told
+                for e in draft.status.timeline
             ):
-                draft.timeline("ForceDeleted", told)
+                draft.timeline(TimelineKind.FORCE_DELETED, told)
         if not pod.terminal and not node_gone:
             blocking.append(pod)
     return blocking
@@ -246,7 +259,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
         draft.condition(
             ConditionType.RUNNING,
             False,
-            "WaitingForPool",
+            ConditionReason.WAITING_FOR_POOL,
             f"{tpu.slices - len(pools)} of {tpu.slices} slices have no free "
             f"{tpu.accelerator} {tpu.topology} pool" + (f"; {advice}" if advice else ""),
         )
@@ -276,7 +289,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
         )
         or "any pool"
     )
-    draft.timeline("PodsCreated", f"attempt {job.status.attempt}: {where}")
+    draft.timeline(TimelineKind.PODS_CREATED, f"attempt {job.status.attempt}: {where}")
     draft.requeue(1.0)
 
 
@@ -326,7 +339,10 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
     refused = draft.status.condition(ConditionType.PODS_REFUSED)
     if not missing and refused is not None and refused.status == ConditionStatus.TRUE:
         draft.condition(
-            ConditionType.PODS_REFUSED, False, "Created", "every pod of the attempt exists"
+            ConditionType.PODS_REFUSED,
+            False,
+            ConditionReason.CREATED,
+            "every pod of the attempt exists",
         )
     # A kept pod belongs to the attempt once told to rejoin it; one an operator restarted
     # in between did not tell yet is told here, after the fence, as at launch.
@@ -393,20 +409,25 @@ def _watch_health(
             seconds = (now - current.recovering_since).total_seconds()
             draft.recovery_seconds = seconds
             draft.timeline(
-                "Resumed",
+                TimelineKind.RESUMED,
                 f"attempt {job.status.attempt} trains from step "
                 f"{beat.step} ({seconds:.1f}s after the failure)",
             )
             draft.event(
-                "Normal", "Resumed", f"training resumed at step {beat.step} after {seconds:.1f}s"
+                EventType.NORMAL,
+                EventReason.RESUMED,
+                f"training resumed at step {beat.step} after {seconds:.1f}s",
             )
     all_running = len(pods) == expected_count and all(p.running for p in pods)
     if all_running and draft.status.phase is not Phase.RUNNING:
         draft.update(phase=Phase.RUNNING)
         draft.condition(
-            ConditionType.RUNNING, True, "AllWorkersRunning", f"{expected_count} workers running"
+            ConditionType.RUNNING,
+            True,
+            ConditionReason.ALL_WORKERS_RUNNING,
+            f"{expected_count} workers running",
         )
-        draft.condition(ConditionType.RECOVERING, False, "Running")
+        draft.condition(ConditionType.RECOVERING, False, ConditionReason.RUNNING)
     watch_training_health(obs, draft, pods)
     _say_unschedulable(draft, pods)
     draft.requeue(job.spec.recovery.stall_timeout_seconds / 4)
@@ -430,14 +451,14 @@ def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> None:
     said = draft.status.condition(ConditionType.RUNNING)
     if (
         said is not None
-        and said.reason == "Unschedulable"
+        and said.reason == ConditionReason.UNSCHEDULABLE
         and (said.message or "").startswith(f"pod {stuck[0].name}: ")
     ):
         return
     draft.condition(
         ConditionType.RUNNING,
         False,
-        "Unschedulable",
+        ConditionReason.UNSCHEDULABLE,
         f"pod {stuck[0].name}: {stuck[0].unschedulable_message}",
     )
 
@@ -449,8 +470,10 @@ def _waited(pod: PodView, now: datetime) -> float:
 
 def _succeeded(draft: Draft) -> None:
     draft.update(phase=Phase.SUCCEEDED, completion_time=draft.now)
-    draft.condition(ConditionType.SUCCEEDED, True, "AllWorkersSucceeded", "training finished")
-    draft.condition(ConditionType.RUNNING, False, "Finished")
-    draft.condition(ConditionType.RECOVERING, False, "Finished")
-    draft.timeline("Succeeded", "every worker exited 0")
-    draft.event("Normal", "Succeeded", "training finished")
+    draft.condition(
+        ConditionType.SUCCEEDED, True, ConditionReason.ALL_WORKERS_SUCCEEDED, "training finished"
+    )
+    draft.condition(ConditionType.RUNNING, False, ConditionReason.FINISHED)
+    draft.condition(ConditionType.RECOVERING, False, ConditionReason.FINISHED)
+    draft.timeline(TimelineKind.SUCCEEDED, "every worker exited 0")
+    draft.event(EventType.NORMAL, EventReason.SUCCEEDED, "training finished")

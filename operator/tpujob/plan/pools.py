@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpujob.api.reasons import EventReason, EventType, TimelineKind
 from tpujob.observed.views import Observed
 from tpujob.plan.placement import expected_end, plan_placement
 from tpujob.plan.result import Draft
@@ -48,6 +49,6 @@ def choose_pools(
         ),
     )
     if note := result.describe():
-        draft.timeline("Placement", note)
-        draft.event("Normal", "Placement", note)
+        draft.timeline(TimelineKind.PLACEMENT, note)
+        draft.event(EventType.NORMAL, EventReason.PLACEMENT, note)
     return result.pools

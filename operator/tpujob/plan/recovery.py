@@ -9,12 +9,12 @@ budget -> failed-node budget -> restart.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpujob import diagnosis as dx
 from tpujob.api import FailureClass, TPUTrainingJob
+from tpujob.api.reasons import FailReason
 from tpujob.plan.rollback import NAN_ADVICE
 
 # Codes of the hard class that do not mean the node is broken: the node is taken away (a
@@ -32,16 +32,6 @@ GRACEFUL_CODES = frozenset(
     }
 )
 MAX_COLLECTIVE_TIMEOUT_SECONDS = 3600
-
-
-class FailReason(enum.StrEnum):
-    """Why a job is failed instead of restarted; also the Failed condition's reason."""
-
-    FATAL = "FatalFailure"
-    AUTO_RECOVERY_OFF = "AutoRecoveryDisabled"
-    RESTART_BUDGET = "RestartBudgetExceeded"
-    NON_FINITE_LOSS = "NonFiniteLossRepeated"
-    FAILED_NODE_BUDGET = "FailedNodeBudgetExceeded"
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from tpujob import diagnosis as dx
 from tpujob.api import (
@@ -22,6 +23,10 @@ from tpujob.api import (
     TPUTrainingJobStatus,
 )
 from tpujob.api import constants as c
+from tpujob.api.attempt import AttemptRecord, AttemptStatus, FailureRecord
+from tpujob.api.enums import ConditionType, Phase
+from tpujob.api.reasons import EventType
+from tpujob.api.status import FailedNode, GoodputBreakdown, LastFailure, Progress, Restarts
 from tpujob.diagnosis.memory import Blame
 from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings
 
@@ -108,6 +113,33 @@ class Plan:
     ledger_blame: Blame | None = None  # a soft blame of a node for the shared node ledger
 
 
+class StatusEdit(TypedDict, total=False):
+    """The status fields a plan sets by `Draft.update`, each with its type, so that mypy checks
+    every edit. Conditions and the timeline are not here: they change only through
+    `Draft.condition` and `Draft.timeline`, which stamp and bound them."""
+
+    phase: Phase
+    observed_generation: int | None
+    attempt: int
+    restarts: Restarts
+    failed_nodes: tuple[FailedNode, ...]
+    failed_node_budget: int | None
+    failed_node_budget_left: int | None
+    last_failure: LastFailure | None
+    checkpoint_step: int | None
+    nan_rollbacks: int | None
+    skip_batches: str | None
+    progress: Progress | None
+    goodput: float | None
+    goodput_breakdown: GoodputBreakdown | None
+    attempt_history: tuple[AttemptRecord, ...]
+    start_time: datetime | None
+    completion_time: datetime | None
+    current_attempt: AttemptStatus
+    failure_history: tuple[FailureRecord, ...]
+    pending_events: tuple[PendingEvent, ...]
+
+
 @dataclass
 class Draft:
     """A plan being built: a status copy plus effects. Lives for one `plan()` call only."""
@@ -126,15 +158,17 @@ class Draft:
     recovery_seconds: float | None = None
     ledger_blame: Blame | None = None
 
-    def update(self, **changes: Any) -> None:
-        self.status = self.status.model_copy(update=changes)
+    def update(self, **changes: Unpack[StatusEdit]) -> None:
+        self.status = self.status.model_copy(update=dict(changes))
 
-    def timeline(self, kind: str, message: str, at: datetime | None = None) -> None:
+    def timeline(self, kind: StrEnum, message: str, at: datetime | None = None) -> None:
         self.status = self.status.with_event(
             TimelineEvent(time=at or self.now, kind=kind, message=message[: c.MAX_MESSAGE_LENGTH])
         )
 
-    def condition(self, kind: str, value: bool, reason: str, message: str = "") -> None:
+    def condition(
+        self, kind: ConditionType, value: bool, reason: StrEnum, message: str = ""
+    ) -> None:
         self.status = self.status.with_condition(
             Condition(
                 type=kind,
@@ -145,7 +179,7 @@ class Draft:
             )
         )
 
-    def event(self, kind: str, reason: str, message: str) -> None:
+    def event(self, kind: EventType, reason: StrEnum, message: str) -> None:
         self.events.append(EventSpec(kind, reason, message[: c.MAX_MESSAGE_LENGTH], self.now))
 
     def requeue(self, seconds: float) -> None:

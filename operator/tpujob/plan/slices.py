@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 from tpujob.api import FailureClass, TPUTrainingJob
 from tpujob.api.attempt import AttemptStatus, KeptSlice
+from tpujob.api.reasons import TimelineKind
 from tpujob.observed.trouble import Trouble
 from tpujob.observed.views import Observed, PodView
 from tpujob.plan.manifests import AttemptSettings, pod_name, rejoin_order
@@ -133,7 +134,7 @@ def abandon_if_broken(obs: Observed, draft: Draft) -> bool:
         return False
     draft.update(current_attempt=current.model_copy(update={"kept_slices": ()}))
     draft.timeline(
-        "SliceRestartAbandoned",
+        TimelineKind.SLICE_RESTART_ABANDONED,
         f"{', '.join(lost)} of a kept slice ended first: every pod is replaced",
     )
     return True

@@ -6,8 +6,8 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-
 from tests.unit.builders import at, job_body, node, observed, pod, running_status
+
 from tpujob.api import labels
 from tpujob.observed.nodes import down_now, judge, lost, placeable
 from tpujob.observed.views import NodeView, node_view

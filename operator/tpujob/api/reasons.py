@@ -1,0 +1,87 @@
+"""Every reason the operator writes, as enums: condition reasons, Event types and reasons, and
+the kinds of the job's timeline.
+
+Bottom layer, values only. Users and dashboards match on these words (`kubectl get events
+--field-selector reason=Restarting`, a condition's reason in an alert), so they are part of
+the API: one place to read them all, and no literal elsewhere that could drift from them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EventType(enum.StrEnum):
+    """The two types of a Kubernetes Event."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class ConditionReason(enum.StrEnum):
+    """The reasons of the job's conditions, but for Failed (`FailReason`), a health condition
+    (`tpujob.observed.training.HealthReason`) and Recovering (the failure's code)."""
+
+    VALID = "Valid"
+    INVALID_SPEC = "InvalidSpec"
+    WITHIN_BUDGET = "WithinBudget"
+    PLANNING_BUDGET_EXCEEDED = "PlanningBudgetExceeded"
+    OFFERED = "Offered"
+    NOT_OFFERED = "NotOffered"
+    RESUMED = "Resumed"
+    NOT_SUSPENDED = "NotSuspended"
+    SUSPENDED = "Suspended"
+    WAITING_FOR_POOL = "WaitingForPool"
+    """Running=False: some slice has no free pool of the job's shape."""
+    UNSCHEDULABLE = "Unschedulable"
+    CREATED = "Created"
+    FAILED_CREATE = "FailedCreate"
+    ALL_WORKERS_RUNNING = "AllWorkersRunning"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    ALL_WORKERS_SUCCEEDED = "AllWorkersSucceeded"
+    FINISHED = "Finished"
+    HEALTHY = "Healthy"
+
+
+class FailReason(enum.StrEnum):
+    """Why a job is failed instead of restarted: the Failed condition's reason and its Event's."""
+
+    FATAL = "FatalFailure"
+    AUTO_RECOVERY_OFF = "AutoRecoveryDisabled"
+    RESTART_BUDGET = "RestartBudgetExceeded"
+    NON_FINITE_LOSS = "NonFiniteLossRepeated"
+    FAILED_NODE_BUDGET = "FailedNodeBudgetExceeded"
+
+
+class EventReason(enum.StrEnum):
+    """The reasons of the Events the operator sends, but for a failed job's (`FailReason`) and
+    a health condition's (its condition type)."""
+
+    FAILURE_DIAGNOSED = "FailureDiagnosed"
+    RESTARTING = "Restarting"
+    RESUMED = "Resumed"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    PLACEMENT = "Placement"
+    SHAPE_NOT_OFFERED = "ShapeNotOffered"
+    NODE_TRUSTED_AGAIN = "NodeTrustedAgain"
+    FAILED_CREATE = "FailedCreate"
+
+
+class TimelineKind(enum.StrEnum):
+    """The kinds of the entries of `status.timeline` (`tpujob describe` shows them), but for a
+    health condition's (its condition type)."""
+
+    STARTED = "Started"
+    PODS_CREATED = "PodsCreated"
+    PLACEMENT = "Placement"
+    FAILURE_SEEN = "FailureSeen"
+    DIAGNOSED = "Diagnosed"
+    RESTARTING = "Restarting"
+    RESUMED = "Resumed"
+    SUSPENDED = "Suspended"
+    FORCE_DELETED = "ForceDeleted"
+    SLICE_RESTART_ABANDONED = "SliceRestartAbandoned"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
