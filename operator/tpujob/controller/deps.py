@@ -104,6 +104,89 @@ def utc_now() -> dt.datetime:
 
 
 @dataclass
+class JobBook:
+    """What the operator remembers of each live job between its reconciles; `forget` drops
+    all of it at once, so a job that goes leaves nothing behind."""
+
+    # The body each job's last status write returned: newer than the cache until the watch
+    # delivers it, so the next reconcile does not plan on the status it just replaced.
+    written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    progress_written: dict[JobKey, dt.datetime] = field(default_factory=dict)
+    # Each live job as last parsed, by (uid, resourceVersion): a job reconciled again
+    # unchanged (polled while it waits for a pool or runs between events) is not validated
+    # again. Dropped when the job finishes or goes.
+    parsed: dict[JobKey, tuple[tuple[str, str], TPUTrainingJob]] = field(default_factory=dict)
+    # New jobs whose first reconcile waits for kopf's finalizer. A status written before that
+    # patch lands carries the older resourceVersion and is refused: in a burst of new jobs
+    # nearly every first reconcile planned, took a pool and then met a Conflict, and went to
+    # the back of the queue. Woken when the finalizer shows.
+    awaiting_finalizer: set[JobKey] = field(default_factory=set)
+
+    def parse(self, key: JobKey, body: Mapping[str, Any]) -> TPUTrainingJob:
+        """`parse_job(body)`, reusing the last parse of `key` when the body is the same
+        version of the same job (a resourceVersion names one content of one object)."""
+        meta = body.get("metadata") or {}
+        version = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+        held = self.parsed.get(key)
+        if held is not None and all(version) and held[0] == version:
+            return held[1]
+        job = parse_job(body)
+        self.parsed[key] = (version, job)
+        return job
+
+    def forget(self, key: JobKey) -> None:
+        self.written.pop(key, None)
+        self.progress_written.pop(key, None)
+        self.parsed.pop(key, None)
+        self.awaiting_finalizer.discard(key)
+
+
+@dataclass
+class PoolClaims:
+    """The placement authority: pool -> the job that holds it.
+
+    Taken under `lock` in the same step as the plan that chose it, so two jobs planned at once
+    never pick one pool. Rebuilt after a restart from each job's recorded placement (and,
+    meanwhile, the pods that exist mark their pools busy).
+    """
+
+    holders: dict[str, JobKey] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
+        """Record the pools `key`'s status holds (none once it finished or is gone); returns
+        the pools it let go of."""
+        before = {p for p, owner in self.holders.items() if owner == key}
+        for pool in before:
+            del self.holders[pool]
+        if status is not None and status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+            for slot in status.current_attempt.placement:
+                self.holders.setdefault(slot.node_pool, key)
+        return sorted(p for p in before if self.holders.get(p) is None)
+
+    def holder(self, pool: str) -> JobKey | None:
+        return self.holders.get(pool)
+
+    def claimed_by_others(self, key: JobKey) -> frozenset[str]:
+        return frozenset(p for p, owner in self.holders.items() if owner != key)
+
+
+@dataclass
+class ApiHealth:
+    """Whether the API server answers, as the operator last found it.
+
+    `reachable_since`: since when it has answered without a break (None: not known yet, and
+    a heartbeat's age counts in full). `down` is set when a call finds it unreachable; the
+    next reconcile asks the API before planning (one at a time, under `probe_lock`), and only
+    its answer ends the outage.
+    """
+
+    reachable_since: dt.datetime | None = None
+    down: bool = False
+    probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
 class Deps:
     """What the handlers share (kopf's memo); copying returns the same object."""
 
@@ -115,6 +198,12 @@ class Deps:
     # The watch-fed cache the handlers attach at start-up; without it, reads go to the API.
     view: CachedView | None = None
     wakes: WakeBook = field(default_factory=WakeBook)
+    jobs: JobBook = field(default_factory=JobBook)
+    pools: PoolClaims = field(default_factory=PoolClaims)
+    api: ApiHealth = field(default_factory=ApiHealth)
+    # The finalizer kopf adds to a new job in the same step that starts its daemon (None: no
+    # kopf, no wait): a new job's first reconcile waits for it (`JobBook.awaiting_finalizer`).
+    finalizer: str | None = None
     # Since when each node's allocatable TPUs have been below capacity: the Node object keeps
     # no such time, so the operator remembers it (a restart only restarts the grace).
     # Kept by the node event handler (the watch shows every change), replaced, never changed,
@@ -122,12 +211,6 @@ class Deps:
     tpu_short_since: Mapping[str, dt.datetime] = field(default_factory=dict)
     # The nodes the planner reads, fed by the node index; which changed, for the handler.
     node_book: NodeBook = field(default_factory=NodeBook)
-    # The placement authority: pool -> the job that holds it, taken under `placement_lock`
-    # in the same step as the plan that chose it, so two jobs planned at once never pick one
-    # pool. Rebuilt after a restart from each job's recorded placement (and, meanwhile, the
-    # pods that exist mark their pools busy).
-    pool_claims: dict[str, JobKey] = field(default_factory=dict)
-    placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Blocking client calls and planning run here, not in the loop's default executor (six
     # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
     executor: ThreadPoolExecutor = field(
@@ -142,14 +225,6 @@ class Deps:
     catalogue: CatalogueSource | None = None
     catalogue_refresh_seconds: float = 6 * 3600.0
     background: list[asyncio.Task[None]] = field(default_factory=list)  # kept, not collected
-    # The body each job's last status write returned: newer than the cache until the watch
-    # delivers it, so the next reconcile does not plan on the status it just replaced.
-    written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
-    progress_written: dict[JobKey, dt.datetime] = field(default_factory=dict)
-    # Each live job as last parsed, by (uid, resourceVersion): a job reconciled again
-    # unchanged (polled while it waits for a pool or runs between events) is not validated
-    # again. Dropped when the job finishes or goes.
-    parsed: dict[JobKey, tuple[tuple[str, str], TPUTrainingJob]] = field(default_factory=dict)
     log_tails: OrderedDict[str, str] = field(default_factory=OrderedDict)
     recent: RecentWrites = field(default_factory=RecentWrites)
     # The node ledger (soft blames of nodes across jobs), kept in a ConfigMap of the
@@ -157,50 +232,11 @@ class Deps:
     ledger: NodeLedger = field(default_factory=NodeLedger)
     ledger_namespace: str | None = None
     ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Since when the API server has answered without a break (None: not known yet, and a
-    # heartbeat's age counts in full). `api_down` is set when a call finds it unreachable;
-    # the next reconcile asks the API before planning, and only its answer ends the outage.
-    api_reachable_since: dt.datetime | None = None
-    api_down: bool = False
-    api_probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reconcile_slots: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS)
     )
     lease_access: LeaseAccess | None = None
-    # The finalizer kopf adds to a new job in the same step that starts its daemon (None: no
-    # kopf, no wait). A status written before that patch lands carries the older
-    # resourceVersion and is refused: in a burst of new jobs nearly every first reconcile
-    # planned, took a pool and then met a Conflict, and went to the back of the queue. A new
-    # job's first reconcile waits for it instead (`awaiting_finalizer`: woken when it shows).
-    finalizer: str | None = None
-    awaiting_finalizer: set[JobKey] = field(default_factory=set)
     kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session
-
-    def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
-        """Record the pools `key`'s status holds (none once it finished or is gone); returns
-        the pools it let go of."""
-        before = {p for p, owner in self.pool_claims.items() if owner == key}
-        for pool in before:
-            del self.pool_claims[pool]
-        if status is not None and status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
-            for slot in status.current_attempt.placement:
-                self.pool_claims.setdefault(slot.node_pool, key)
-        return sorted(p for p in before if self.pool_claims.get(p) is None)
-
-    def parse(self, key: JobKey, body: Mapping[str, Any]) -> TPUTrainingJob:
-        """`parse_job(body)`, reusing the last parse of `key` when the body is the same
-        version of the same job (a resourceVersion names one content of one object)."""
-        meta = body.get("metadata") or {}
-        version = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
-        held = self.parsed.get(key)
-        if held is not None and all(version) and held[0] == version:
-            return held[1]
-        job = parse_job(body)
-        self.parsed[key] = (version, job)
-        return job
-
-    def claimed_by_others(self, key: JobKey) -> frozenset[str]:
-        return frozenset(p for p, owner in self.pool_claims.items() if owner != key)
 
     def __copy__(self) -> Deps:
         return self
@@ -214,10 +250,8 @@ class Deps:
         return fn(*args) if reads.in_memory else await self.run(fn, *args)
 
     def forget(self, key: JobKey) -> None:
+        """Drop everything kept of a job that is gone: its book, wakes, metrics and pools."""
         self.wakes.forget(key)
-        self.written.pop(key, None)
-        self.progress_written.pop(key, None)
-        self.parsed.pop(key, None)
-        self.awaiting_finalizer.discard(key)
+        self.jobs.forget(key)
         self.metrics.forget_job(*key)
-        self.claim(key, None)
+        self.pools.claim(key, None)

@@ -90,22 +90,19 @@ def register(registry: kopf.OperatorRegistry) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     @kopf.on.startup(registry=registry)
-    async def start_ledger(memo: Any, **_: Any) -> None:
-        assert isinstance(memo, Deps)
+    async def start_ledger(memo: Deps, **_: Any) -> None:
         await load_ledger(memo)
 
     @kopf.on.startup(registry=registry)
-    async def start_catalogue(memo: Any, **_: Any) -> None:
-        assert isinstance(memo, Deps)
+    async def start_catalogue(memo: Deps, **_: Any) -> None:
         if memo.catalogue is not None:
             memo.background.append(asyncio.create_task(refresh_catalogue(memo)))
 
     _register_indexes(registry)
 
     @kopf.on.startup(registry=registry)
-    def attach_cache(memo: Any, **indexes: Any) -> None:
+    def attach_cache(memo: Deps, **indexes: Any) -> None:
         """kopf hands every handler the indexes as keyword arguments named after them."""
-        assert isinstance(memo, Deps)
         memo.view = cache.CachedView(
             jobs=indexes["tpujob_jobs"],
             pods=indexes["tpujob_pods"],
@@ -117,10 +114,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
         )
 
     @kopf.on.login(registry=registry)
-    async def login(memo: Any, **kwargs: Any) -> kopf.ConnectionInfo | kopf.AiohttpSession | None:
+    async def login(memo: Deps, **kwargs: Any) -> kopf.ConnectionInfo | kopf.AiohttpSession | None:
         """The client library's credentials, in a session with at most
         `Deps.kopf_connections` connections (kopf closes it when it logs in again)."""
-        assert isinstance(memo, Deps)
         info = kopf.login_via_client(**kwargs)
         if info is None or not memo.kopf_connections:
             return info
@@ -144,12 +140,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
         name: str,
         namespace: str | None,
         stopped: kopf.DaemonStopped,
-        memo: Any,
+        memo: Deps,
         logger: kopf.Logger,
         spec: kopf.Spec,
         **_: Any,
     ) -> None:
-        assert isinstance(memo, Deps) and namespace is not None
+        assert namespace is not None
         key = (namespace, name)
         wake = memo.wakes.waker(key)
         try:
@@ -178,20 +174,21 @@ def register(registry: kopf.OperatorRegistry) -> None:
         finally:
             # Deleted, or this replica stops serving it: let its pools go (a replica that
             # takes over rebuilds the claim from the job's recorded placement).
-            released = memo.claim(key, None)
+            released = memo.pools.claim(key, None)
             memo.wakes.forget(key)
             release_pools(memo, released, spec.get("tpu") or {})
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def job_changed(
-        *, namespace: str | None, name: str | None, meta: kopf.Meta, memo: Any, **_: Any
+        *, namespace: str | None, name: str | None, meta: kopf.Meta, memo: Deps, **_: Any
     ) -> None:
         """A new job's daemon waits for kopf's finalizer (see `Deps.finalizer`): go on as
         soon as the watch shows it. Other changes of a job wait for its next reconcile."""
-        assert isinstance(memo, Deps)
         key = (namespace or "", name or "")
-        if key in memo.awaiting_finalizer and labels.FINALIZER in (meta.get("finalizers") or ()):
-            memo.awaiting_finalizer.discard(key)
+        if key in memo.jobs.awaiting_finalizer and labels.FINALIZER in (
+            meta.get("finalizers") or ()
+        ):
+            memo.jobs.awaiting_finalizer.discard(key)
             memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "pods", labels={labels.JOB: kopf.PRESENT}, registry=registry)
@@ -199,12 +196,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         *,
         namespace: str | None,
         labels: Mapping[str, str],
-        memo: Any,
+        memo: Deps,
         body: kopf.Body,
         type: str | None,
         **_: Any,
     ) -> None:
-        assert isinstance(memo, Deps)
         now = time.monotonic()
         memo.wakes.wake((namespace or "", labels[_JOB_LABEL]), at=now)
         # A pod that ended or went may free its pool for a job waiting for that shape.
@@ -217,7 +213,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             and pool
             and memo.view is not None
             and not memo.view.pool_holders(pool)
-            and pool not in memo.pool_claims
+            and memo.pools.holder(pool) is None
         ):
             shape = (selector.get(_ACCELERATOR_LABEL), selector.get(_TOPOLOGY_LABEL))
             if shape[0] and shape[1]:
@@ -227,9 +223,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         "coordination.k8s.io", "v1", "leases", labels={labels.JOB: kopf.PRESENT}, registry=registry
     )
     async def heartbeat(
-        *, namespace: str | None, name: str | None, labels: Mapping[str, str], memo: Any, **_: Any
+        *, namespace: str | None, name: str | None, labels: Mapping[str, str], memo: Deps, **_: Any
     ) -> None:
-        assert isinstance(memo, Deps)
         key = (namespace or "", labels[_JOB_LABEL])
         # Parsed once, by the index (kopf updates indexes before it calls handlers).
         beat = memo.view.heartbeat(namespace or "", name or "") if memo.view else None
@@ -237,11 +232,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
             memo.wakes.wake(key, at=time.monotonic())
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_changed(*, name: str | None, memo: Any, type: str | None, **_: Any) -> None:
+    async def node_changed(*, name: str | None, memo: Deps, type: str | None, **_: Any) -> None:
         """Wake the jobs with pods on this node or a placement on its pool, and the job that
         marked it bad; a healthy node of a pool nobody holds may also let a waiting job in.
         A status renewal that changed nothing the planner reads wakes no one."""
-        assert isinstance(memo, Deps)
         if memo.view is None or not name:
             return
         if type == "DELETED":
@@ -254,7 +248,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             memo.tpu_short_since, name, view, now=memo.clock()
         )
         concerned = set(memo.view.jobs_on_node(name))
-        holder = memo.pool_claims.get(view.pool or "") if view is not None else None
+        holder = memo.pools.holder(view.pool or "") if view is not None else None
         if holder is not None:
             concerned.add(holder)
         memo.wakes.wake_live(concerned, at=now)
@@ -297,8 +291,7 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
         return cache.pod_by_node(body)
 
     @kopf.index("", "v1", "nodes", id="tpujob_nodes", registry=registry)
-    def tpujob_nodes(body: kopf.Body, memo: Any, **_: Any) -> Any:
-        assert isinstance(memo, Deps)
+    def tpujob_nodes(body: kopf.Body, memo: Deps, **_: Any) -> Any:
         return cache.node_record(body, memo.node_book)
 
     @kopf.index(

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     from tpujob.controller.metrics import Metrics
     from tpujob.controller.reconcile import Deps
     from tpujob.controller.wakeups import WakeBook
-    from tpujob.kube.apply import Writer
+    from tpujob.kube.apply import ApiWriter
     from tpujob.kube.client import api_client
     from tpujob.kube.observe import Reader
 
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     )
     deps = Deps(
         reader=Reader(api),
-        writer=Writer(api),
+        writer=ApiWriter(api),
         metrics=metrics,
         settings=settings,
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),

@@ -84,11 +84,11 @@ async def reconcile(
             deps.metrics.wake_seconds.observe(time.monotonic() - woken_at)
         started = time.perf_counter()
         try:
-            if deps.api_down:
+            if deps.api.down:
                 await _api_back(deps)
             return await _reconcile(deps, namespace, name)
         except UnavailableError:
-            deps.api_down = True
+            deps.api.down = True
             raise
         finally:
             deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)
@@ -101,12 +101,12 @@ async def _api_back(deps: Deps) -> None:
     One probe at a time: a thousand jobs retrying do not send a thousand probes to an
     apiserver that is coming back; those queued behind a probe that succeeded go on at once.
     """
-    async with deps.api_probe_lock:
-        if not deps.api_down:
+    async with deps.api.probe_lock:
+        if not deps.api.down:
             return
         await deps.run(deps.reader.api_answers)
-        deps.api_down = False
-        deps.api_reachable_since = deps.clock()
+        deps.api.down = False
+        deps.api.reachable_since = deps.clock()
 
 
 async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
@@ -120,7 +120,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     if _awaits_finalizer(deps, key, body):
         return FINALIZER_POLL_SECONDS
     try:
-        observed = await deps.read(reads, observe, reads, body, partial(deps.parse, key))
+        observed = await deps.read(reads, observe, reads, body, partial(deps.jobs.parse, key))
     except InvalidJobError as err:
         await _report_invalid(deps, body, err)
         return INVALID_SPEC_RETRY_SECONDS
@@ -130,13 +130,13 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         deps.tpu_short_since = track_tpu_shortfall(
             deps.tpu_short_since, observed.nodes.values(), now=now
         )
-    deps.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
+    deps.pools.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
     observed = replace(
         observed,
         tpu_short_since=deps.tpu_short_since,
         catalogue=deps.catalogue.catalogue if deps.catalogue else None,
         node_blames=ledger_rows(deps),
-        api_reachable_since=deps.api_reachable_since,
+        api_reachable_since=deps.api.reachable_since,
     )
     # Most plans keep the placement they had; those plan without the placement lock, so a
     # thousand running jobs do not queue behind one another. A plan that places pools is made
@@ -146,13 +146,13 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         result = await _plan(deps, observed, key, now)
         released = None
         if _places(result, observed):
-            async with deps.placement_lock:
+            async with deps.pools.lock:
                 result = await _plan(deps, observed, key, now)
-                released = deps.claim(key, result.status)
+                released = deps.pools.claim(key, result.status)
     except TimeoutError:
         return await _report_slow_plan(deps, body, observed)
     if released is None:
-        released = deps.claim(key, result.status)
+        released = deps.pools.claim(key, result.status)
     written = await _write_status(deps, key, body, result, old=observed.job.status, now=now)
     if result.ledger_blame is not None:
         await remember_blame(deps, result.ledger_blame)
@@ -166,7 +166,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     finished = result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
     deps.wakes.settled(key, finished=finished, waiting_for=_waiting_for(result, observed))
     if finished:
-        deps.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
+        deps.jobs.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
     return result.requeue_after
 
 
@@ -184,7 +184,7 @@ def _awaits_finalizer(deps: Deps, key: JobKey, body: dict[str, Any]) -> bool:
         or finalizer in (meta.get("finalizers") or ())
         or meta.get("deletionTimestamp")
     ):
-        deps.awaiting_finalizer.discard(key)
+        deps.jobs.awaiting_finalizer.discard(key)
         return False
     try:
         created = dt.datetime.fromisoformat(str(meta.get("creationTimestamp")))
@@ -192,15 +192,15 @@ def _awaits_finalizer(deps: Deps, key: JobKey, body: dict[str, Any]) -> bool:
         return False
     age = (deps.clock() - created).total_seconds()
     if not 0 <= age < FINALIZER_WAIT_SECONDS:
-        deps.awaiting_finalizer.discard(key)
+        deps.jobs.awaiting_finalizer.discard(key)
         return False
-    deps.awaiting_finalizer.add(key)
+    deps.jobs.awaiting_finalizer.add(key)
     return True
 
 
 async def _plan(deps: Deps, observed: Observed, key: JobKey, now: dt.datetime) -> Plan:
     """Plan in a worker thread within the budget, avoiding the pools other jobs hold now."""
-    seen = replace(observed, busy_pools=observed.busy_pools | deps.claimed_by_others(key))
+    seen = replace(observed, busy_pools=observed.busy_pools | deps.pools.claimed_by_others(key))
     return await asyncio.wait_for(
         deps.run(partial(plan, seen, now=now, settings=deps.settings)),
         timeout=deps.plan_budget_seconds,
@@ -216,10 +216,10 @@ def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str
     """The cache's body, or the one this operator last wrote when the watch is behind."""
     if cached is None:
         return None  # deleted: what was written before no longer matters
-    mine = deps.written.get(key)
+    mine = deps.jobs.written.get(key)
     best = newer(cached, mine)
     if best is cached:
-        deps.written.pop(key, None)
+        deps.jobs.written.pop(key, None)
     return dict(best) if best is not None else None
 
 
@@ -247,12 +247,12 @@ async def _write_status(
     if _only_changed(old_status, new_status, CLOCK_FIELDS) and not effects:
         return body
     if _only_changed(old_status, new_status, PROGRESS_FIELDS) and not effects:
-        last = deps.progress_written.get(key)
+        last = deps.jobs.progress_written.get(key)
         if last is not None and (now - last).total_seconds() < deps.wakes.progress_interval_seconds:
             return body
     written = await deps.run(deps.writer.write_status, body, new_status)
-    deps.written[key] = written
-    deps.progress_written[key] = now
+    deps.jobs.written[key] = written
+    deps.jobs.progress_written[key] = now
     return written
 
 

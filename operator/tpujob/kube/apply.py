@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 
@@ -24,7 +24,31 @@ MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "tpujob-operator"
 
 
-class Writer:
+class Writer(Protocol):
+    """What the controller does to the cluster: the verbs a plan is carried out with.
+
+    `ApiWriter` is the one the operator runs; tests record the calls instead. Every verb is
+    blocking (the controller runs it in its executor) and idempotent.
+    """
+
+    def write_status(self, body: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any]: ...
+    def create(self, obj: dict[str, Any]) -> bool: ...
+    def pod_owner_uids(self, namespace: str, name: str) -> frozenset[str]: ...
+    def fence(self, lease: dict[str, Any], attempt: int) -> None: ...
+    def delete_pod(self, namespace: str, deletion: PodDeletion) -> None: ...
+    def rejoin_pod(self, namespace: str, rejoin: PodRejoin) -> None: ...
+    def mark_node(self, mark: NodeMark, job: str) -> None: ...
+    def event(self, body: Mapping[str, Any], spec: EventSpec) -> bool: ...
+    def bind_cluster_role(
+        self, namespace: str, name: str, role: str, account: str, account_namespace: str
+    ) -> None: ...
+    def save_config(self, namespace: str, name: str, data: dict[str, str]) -> None: ...
+    def delete_job(self, body: Mapping[str, Any]) -> None: ...
+
+
+class ApiWriter:
+    """`Writer` through the Kubernetes API."""
+
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)

@@ -226,12 +226,12 @@ def test_jobs_planned_at_once_never_share_a_pool_and_one_too_many_waits() -> Non
     asyncio.run(both())
     pools = [s["currentAttempt"]["placement"][0]["nodePool"] for s in writer.statuses]
     assert len(pools) == 2 and len(set(pools)) == 2, pools
-    assert set(deps.pool_claims) == set(pools)
+    assert set(deps.pools.holders) == set(pools)
     # With every pool claimed by others, a job about to launch waits rather than share one.
     reader.bodies["a"] = job_body(status={**writer.statuses[0], "currentAttempt": {}})
     reader.bodies["a"]["metadata"].update(name="a", uid="uid-a")
-    deps.claim(("team", "a"), None)
-    deps.pool_claims.update({"pool-0": ("team", "c"), "pool-2": ("team", "d")})
+    deps.pools.claim(("team", "a"), None)
+    deps.pools.holders.update({"pool-0": ("team", "c"), "pool-2": ("team", "d")})
     before = len(writer.calls)
     assert asyncio.run(reconcile(deps, "team", "a")) is not None
     waiting = writer.statuses[-1]
@@ -252,7 +252,7 @@ def test_a_job_with_no_free_pool_is_told_which_zones_offer_its_shape() -> None:
     )
     reader, writer = FakeReader([], body=launching_job()), RecordingWriter()
     deps = Deps(reader=reader, writer=writer, catalogue=source)  # type: ignore[arg-type]
-    deps.pool_claims.update({f"pool-{i}": ("team", f"other-{i}") for i in range(3)})
+    deps.pools.holders.update({f"pool-{i}": ("team", f"other-{i}") for i in range(3)})
     run(reader, writer, deps)
     running = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "Running")
     assert running["reason"] == "WaitingForPool"
@@ -367,7 +367,7 @@ def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count
     deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
     with pytest.raises(UnavailableError):
         run(reader, writer, deps, now=20)
-    assert deps.api_down
+    assert deps.api.down
     reader.api_unreachable = True  # type: ignore[attr-defined]
     quiet = RecordingWriter()
     deps.writer = quiet  # type: ignore[assignment]
@@ -376,8 +376,8 @@ def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count
     assert quiet.calls == []  # still down: no plan, no write
     reader.api_unreachable = False  # type: ignore[attr-defined]
     run(reader, quiet, deps, now=60)
-    assert not deps.api_down
-    assert deps.api_reachable_since == at(60)
+    assert not deps.api.down
+    assert deps.api.reachable_since == at(60)
 
 
 def test_jobs_retrying_after_an_outage_send_one_probe_and_all_go_on_when_it_answers() -> None:
@@ -393,14 +393,14 @@ def test_jobs_retrying_after_an_outage_send_one_probe_and_all_go_on_when_it_answ
     reader.api_answers = counted  # type: ignore[method-assign]
     deps = Deps(reader=reader, writer=RecordingWriter())  # type: ignore[arg-type]
     deps.clock = lambda: at(60)
-    deps.api_down = True
+    deps.api.down = True
 
     async def many() -> list[float | None]:
         return list(await asyncio.gather(*(reconcile(deps, "team", "train") for _ in range(5))))
 
     delays = asyncio.run(many())
     assert len(probes) == 1
-    assert len(delays) == 5 and not deps.api_down
+    assert len(delays) == 5 and not deps.api.down
 
 
 @pytest.mark.parametrize(("namespace", "bound"), [("team", True), ("kube-system", False)])
@@ -549,8 +549,8 @@ def test_a_job_is_parsed_again_only_when_its_version_changed(
         job["metadata"].update(uid=uid, resourceVersion=version)
         return job
 
-    one = deps.parse(("team", "train"), body(*first))
-    two = deps.parse(("team", "train"), body(*second))
+    one = deps.jobs.parse(("team", "train"), body(*first))
+    two = deps.jobs.parse(("team", "train"), body(*second))
     assert (one is not two) is parsed_again
     assert two.metadata["uid"] == second[0]
 
@@ -574,5 +574,5 @@ def test_a_new_job_waits_for_kopf_s_finalizer_before_its_first_status_write(
     deps = Deps(reader=FakeReader([], body=job), writer=writer, finalizer="tpujob.dev/operator")  # type: ignore[arg-type]
     delay = run(deps.reader, writer, deps, now=20)  # type: ignore[arg-type]
     assert (writer.calls == []) is waits
-    assert (("team", "train") in deps.awaiting_finalizer) is waits
+    assert (("team", "train") in deps.jobs.awaiting_finalizer) is waits
     assert (delay == FINALIZER_POLL_SECONDS) is waits

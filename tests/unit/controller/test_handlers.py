@@ -42,7 +42,7 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
     daemon = next(h for h in registry._spawning.get_all_handlers() if h.id.endswith("run_job"))
     deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
     deps.view = FakeReader([])
-    deps.pool_claims.update({"pool-0": ("team", "deleted"), "pool-1": ("team", "other")})
+    deps.pools.holders.update({"pool-0": ("team", "deleted"), "pool-1": ("team", "other")})
     shape = ("tpu-v4-podslice", "2x2x2")
 
     async def stop_a_deleted_job() -> bool:
@@ -59,7 +59,7 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
         return waiting.is_set()
 
     assert asyncio.run(stop_a_deleted_job())
-    assert deps.pool_claims == {"pool-1": ("team", "other")}
+    assert deps.pools.holders == {"pool-1": ("team", "other")}
 
 
 def test_no_handler_reads_the_diff_base_the_operator_does_not_keep() -> None:
@@ -174,7 +174,7 @@ def test_a_job_event_wakes_its_daemon_only_when_the_awaited_finalizer_lands(
     deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
     key = ("team", "train")
     if awaiting:
-        deps.awaiting_finalizer.add(key)
+        deps.jobs.awaiting_finalizer.add(key)
 
     async def event() -> bool:
         waker = deps.wakes.waker(key)
@@ -182,4 +182,4 @@ def test_a_job_event_wakes_its_daemon_only_when_the_awaited_finalizer_lands(
         return waker.is_set()
 
     assert asyncio.run(event()) is woken
-    assert (key in deps.awaiting_finalizer) is (awaiting and not woken)
+    assert (key in deps.jobs.awaiting_finalizer) is (awaiting and not woken)

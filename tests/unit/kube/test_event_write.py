@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpujob.kube.apply import Writer
+from tpujob.kube.apply import ApiWriter
 from tpujob.plan.result import EventSpec
 
 JOB = {
@@ -32,7 +32,7 @@ class FakeEvents:
 
 
 def test_an_event_told_again_is_created_once_and_only_the_first_call_says_it_told() -> None:
-    writer = Writer(client.ApiClient())
+    writer = ApiWriter(client.ApiClient())
     events = FakeEvents()
     writer.core = events  # type: ignore[assignment]
     spec = EventSpec("Warning", "FailureDiagnosed", "[SOFT] worker killed")

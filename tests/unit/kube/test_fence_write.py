@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tpujob.api import contract
-from tpujob.kube.apply import Writer
+from tpujob.kube.apply import ApiWriter
 
 FENCE, JOB = contract.LEASE_FENCE_ANNOTATION, contract.LEASE_FENCE_JOB_ANNOTATION
 OURS, THEIRS = "uid-new", "uid-old"
@@ -57,7 +57,7 @@ def lease() -> dict[str, Any]:
 
 
 def fenced(leases: FakeLeases, attempt: int) -> FakeLeases:
-    writer = Writer(client.ApiClient())
+    writer = ApiWriter(client.ApiClient())
     writer.coordination = leases  # type: ignore[assignment]
     writer.fence(lease(), attempt)
     return leases

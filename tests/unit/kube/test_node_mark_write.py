@@ -9,7 +9,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tpujob.api import BadNodeAction, labels
-from tpujob.kube.apply import Writer
+from tpujob.kube.apply import ApiWriter
 from tpujob.plan.result import NodeMark
 
 OURS = "team/train: NODE_LOST"
@@ -50,7 +50,7 @@ def marked_node(reason: str | None, *, cordoned: bool = False) -> client.V1Node:
 
 
 def cleared(nodes: FakeNodes, action: BadNodeAction) -> list[dict[str, Any]]:
-    writer = Writer(client.ApiClient())
+    writer = ApiWriter(client.ApiClient())
     writer.core = nodes  # type: ignore[assignment]
     writer.mark_node(NodeMark("n", action, OURS, clear=True), "train")
     return nodes.patches
