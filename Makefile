@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml trainer_image/pyproject.toml
 
 venv: $(STAMP)
 
-# The local cluster runs pods in their own network and mount namespaces: iproute2 and
-# bubblewrap, from the distribution's packages, installed when missing.
+# The local cluster runs pods in their own network and mount namespaces (iproute2, bubblewrap)
+# and lets its bridge's traffic through the FORWARD chain whatever its policy (iptables, either
+# backend), from the distribution's packages, installed when missing.
 system-deps:
-	@command -v bwrap >/dev/null && command -v ip >/dev/null || \
-	  (apt-get update -qq && apt-get install -y -qq bubblewrap iproute2 >/dev/null)
+	@command -v bwrap >/dev/null && command -v ip >/dev/null && command -v iptables >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap iproute2 iptables >/dev/null)
 
 # Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm from
 # the Go modules pinned under tools/ (once per machine; later runs reuse the cache).

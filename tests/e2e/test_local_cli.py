@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tests.e2e.conftest import LocalCluster
 
+from tpujob.local import firewall, network
 from tpujob.local.binaries import binary_dir
 
 pytestmark = pytest.mark.cluster
@@ -90,3 +91,7 @@ def test_component_dying_at_start_is_reported_and_the_rest_stopped(tmp_path: Pat
     assert "kube-apiserver" in result.stderr
     assert "storage backend is on fire" in result.stderr
     assert processes_mentioning(str(state)) == []
+    # The bridge and its FORWARD rule came before the components; both are gone with them.
+    bridge = network.choose_network(str(state.resolve())).bridge
+    assert not Path("/sys/class/net", bridge).exists()
+    assert firewall.bridge_rules(bridge) == []

@@ -3,7 +3,9 @@
 Every pod gets its own network namespace with a veth pair into the cluster's bridge and an
 address from the cluster's private /16, as a pod on GKE gets its own IP: two jobs can both
 listen on the JAX coordinator port. The bridge holds the gateway address, where the node agent
-forwards the Kubernetes API; traffic never leaves namespaces the cluster made.
+forwards the Kubernetes API; traffic never leaves namespaces the cluster made. The bridge's own
+traffic is let through the host's FORWARD chain whatever its policy (`firewall`), which Docker
+sets to DROP.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import ipaddress
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tpujob.local import firewall
 
 
 class NetworkError(RuntimeError):
@@ -95,14 +99,17 @@ def bridge_mac(bridge: str) -> str:
 
 
 def create_bridge(net: ClusterNetwork) -> None:
-    if run_ip(["link", "show", net.bridge], check=False):
-        return
-    run_ip(["link", "add", net.bridge, "address", bridge_mac(net.bridge), "type", "bridge"])
-    run_ip(["addr", "add", f"{net.gateway}/{net.prefix}", "dev", net.bridge])
-    run_ip(["link", "set", net.bridge, "up"])
+    """Create the bridge with the gateway address (if missing) and let its traffic through."""
+    if not run_ip(["link", "show", net.bridge], check=False):
+        run_ip(["link", "add", net.bridge, "address", bridge_mac(net.bridge), "type", "bridge"])
+        run_ip(["addr", "add", f"{net.gateway}/{net.prefix}", "dev", net.bridge])
+        run_ip(["link", "set", net.bridge, "up"])
+    # After the bridge exists: a rule whose bridge does not exist is taken for a leftover.
+    firewall.allow_bridge(net.bridge)
 
 
 def delete_bridge(net: ClusterNetwork) -> None:
+    firewall.remove_bridge(net.bridge)
     run_ip(["link", "del", net.bridge], check=False)
 
 
@@ -135,7 +142,7 @@ def set_pod_link(net: ClusterNetwork, pod_uid: str, *, up: bool) -> None:
 
 
 def cleanup_cluster(net: ClusterNetwork) -> None:
-    """Remove every namespace and link this cluster made."""
+    """Remove every namespace, link and FORWARD rule this cluster made."""
     prefix = f"tpj-{net.bridge[3:]}-"
     for line in run_ip(["netns", "list"], check=False).splitlines():
         name = line.split()[0] if line.split() else ""
