@@ -19,12 +19,10 @@ from tpujob.observed.trouble import Trouble, user_rules
 from tpujob.observed.views import Observed
 from tpujob.plan.failed_nodes import avoided_by, avoided_nodes, mark_reason, record_blames
 from tpujob.plan.goodput import ended_attempt
-from tpujob.plan.health_conditions import grade_leak
-from tpujob.plan.job_memory import recall, weigh_model_guess
-from tpujob.plan.node_ledger import weigh_ledger
 from tpujob.plan.placement import placement
 from tpujob.plan.pools import choose_pools
 from tpujob.plan.recovery import Broken, FailJob, Restart, decide
+from tpujob.plan.regrading import Around, regrade
 from tpujob.plan.result import Draft, NodeMark, PlannerSettings, PodDeletion
 from tpujob.plan.rollback import Rollback, plan_rollback
 from tpujob.plan.slices import kept_slices, slices_to_keep
@@ -112,36 +110,23 @@ def handle_failure(
     if _root_may_still_come(obs, trouble, d, draft, settings):
         return
     broken = broken_by(obs, trouble, d, now=draft.now, health=settings.node_health)
-    weighed = weigh_model_guess(grade_leak(d, obs))
-    if weighed.failure_class is not d.failure_class:  # the repeat guard gets its say on it
-        weighed = dx.apply_history(
-            weighed,
-            history,
-            node_name=broken.root_node or "",
-            unknown_retry_limit=settings.unknown_retry_limit,
-        )
-    recalled = recall(
-        weighed,
-        status.failure_history,
-        attempt=status.attempt,
-        node=broken.root_node,
-        slice_index=broken.root_slice,
+    around = Around(
+        obs=obs,
+        history=history,
+        diagnosed_class=d.failure_class,
+        root_node=broken.root_node,
+        root_slice=broken.root_slice,
         progressed=progressed(obs),
-    )
-    d = recalled.diagnosis
-    shared = weigh_ledger(
-        d,
-        node=broken.root_node,
-        namespace=job.namespace,
-        name=job.name,
-        blames=obs.node_blames,
+        unknown_retry_limit=settings.unknown_retry_limit,
         now=draft.now,
     )
-    d, draft.ledger_blame = shared.diagnosis, shared.blame
-    own_blame = recalled.blamed_node or _busy_device_node(d, broken)
-    marked = shared.blamed_node
-    if marked is None and recalled.blamed_node and settings.trusts_history_of(job.namespace):
-        marked, own_blame = recalled.blamed_node, None
+    regraded = regrade(d, around)
+    d, draft.ledger_blame = regraded.diagnosis, regraded.ledger_blame
+    assert regraded.record is not None  # the history row always makes it
+    own_blame = regraded.memory_blame or _busy_device_node(d, broken)
+    marked = regraded.ledger_node
+    if marked is None and regraded.memory_blame and settings.trusts_history_of(job.namespace):
+        marked, own_blame = regraded.memory_blame, None
     if own_blame or marked:
         slices = broken.slices | ({broken.root_slice} if broken.root_slice is not None else set())
         broken = replace(
@@ -153,7 +138,7 @@ def handle_failure(
     decision = decide(d, job, broken, base_collective_timeout=settings.collective_timeout_seconds)
     draft.diagnosis = d
     draft.update(
-        failure_history=(*status.failure_history, recalled.record)[-FAILURE_HISTORY_LIMIT:],
+        failure_history=(*status.failure_history, regraded.record)[-FAILURE_HISTORY_LIMIT:],
         attempt_history=ended_attempt(
             draft.status, obs.heartbeat, now=trouble.seen_at, failed=True
         ),

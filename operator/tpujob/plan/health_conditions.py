@@ -8,8 +8,6 @@ restart: a host OOM kill that `HostMemoryGrowing` predicted is the leak it is.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from tpujob import diagnosis as dx
 from tpujob.api import ConditionStatus, ConditionType
 from tpujob.api.attempt import MemorySampleStatus
@@ -25,6 +23,7 @@ from tpujob.observed.training import (
     quantity_bytes,
 )
 from tpujob.observed.views import Observed, PodView
+from tpujob.plan.escalation import escalate
 from tpujob.plan.result import Draft
 
 CONDITION_OF = {
@@ -109,17 +108,17 @@ def grade_leak(d: dx.Diagnosis, obs: Observed) -> dx.Diagnosis:
         for r in obs.job.status.failure_history
     )
     if leaked_before:
-        return replace(
+        return escalate(
             d,
-            failure_class=dx.FailureClass.FATAL,
-            summary=f"{d.summary}: host memory leaks, killed again as predicted",
-            evidence=(*d.evidence, evidence),
+            to=dx.FailureClass.FATAL,
+            note=": host memory leaks, killed again as predicted",
+            evidence=evidence,
             advice="find what keeps growing in the training process (caches of "
             "batches or compiled functions, metrics kept per step)",
         )
-    return replace(
+    return escalate(
         d,
-        summary=f"{d.summary}: a leak, as HostMemoryGrowing predicted",
-        evidence=(*d.evidence, evidence),
+        note=": a leak, as HostMemoryGrowing predicted",
+        evidence=evidence,
         signature=f"{d.signature}:leak",
     )

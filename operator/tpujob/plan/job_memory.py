@@ -16,13 +16,14 @@ Event and `tpujob describe` all say so.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tpujob import diagnosis as dx
 from tpujob.api.attempt import FailureRecord
 from tpujob.diagnosis.cascade import OWN_BUDGET_CODES
 from tpujob.diagnosis.memory import Escalation, PastFailure, failure_signature, judge
 from tpujob.diagnosis.model import DEFAULT_ACTIONS
+from tpujob.plan.escalation import escalate
 
 # Failures with a recovery policy of their own (a non-finite loss rolls back past its data,
 # with its own budget): the memory records them but does not regrade them.
@@ -53,15 +54,12 @@ def weigh_model_guess(d: dx.Diagnosis) -> dx.Diagnosis:
         or d.failure_class not in (dx.FailureClass.FATAL, dx.FailureClass.HARD)
     ):
         return d
-    return replace(
+    return escalate(
         d,
-        failure_class=dx.FailureClass.MEDIUM,
-        summary=f"{d.summary}; too weak a guess to act on: restarted once, a repeat decides",
+        to=dx.FailureClass.MEDIUM,
+        note="; too weak a guess to act on: restarted once, a repeat decides",
         action=DEFAULT_ACTIONS[dx.FailureClass.MEDIUM],
-        evidence=(
-            *d.evidence,
-            dx.Evidence(dx.Source.MODEL, f"model probability {d.probability:.2f}"),
-        ),
+        evidence=dx.Evidence(dx.Source.MODEL, f"model probability {d.probability:.2f}"),
     )
 
 
@@ -108,11 +106,11 @@ def recall(
     verdict = judge([*past, current])
     blamed = None
     if verdict.escalation is not Escalation.NONE and d.code not in OWN_POLICY:
-        d = replace(
+        d = escalate(
             d,
-            failure_class=verdict.failure_class,
-            summary=f"{d.summary} ({verdict.evidence})",
-            evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, verdict.evidence)),
+            to=verdict.failure_class,
+            note=f" ({verdict.evidence})",
+            evidence=dx.Evidence(dx.Source.HISTORY, verdict.evidence),
             advice=ESCALATION_ADVICE.get(verdict.escalation, d.advice),
         )
         blamed = verdict.blamed_node

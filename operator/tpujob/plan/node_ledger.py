@@ -15,11 +15,12 @@ this failure adds (`Plan.ledger_blame`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from tpujob import diagnosis as dx
 from tpujob.diagnosis.memory import EXTERNAL_CODES, Blame, NodeLedger, record_blame
+from tpujob.plan.escalation import escalate
 
 LEDGER_ADVICE = "the node was tainted; the slice runs elsewhere"
 
@@ -63,11 +64,11 @@ def weigh_ledger(
     if verdict.failure_class is not dx.FailureClass.HARD or verdict.blamed_node is None:
         return LedgerOutcome(d, blame)
     evidence = verdict.evidence.replace("different jobs", "jobs of different namespaces")
-    hard = replace(
+    hard = escalate(
         d,
-        failure_class=dx.FailureClass.HARD,
-        summary=f"{d.summary} ({evidence})",
+        to=dx.FailureClass.HARD,
+        note=f" ({evidence})",
         advice=LEDGER_ADVICE,
-        evidence=(*d.evidence, dx.Evidence(dx.Source.HISTORY, evidence)),
+        evidence=dx.Evidence(dx.Source.HISTORY, evidence),
     )
     return LedgerOutcome(hard, blame, verdict.blamed_node)
