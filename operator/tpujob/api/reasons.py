@@ -67,6 +67,8 @@ class EventReason(enum.StrEnum):
     SHAPE_NOT_OFFERED = "ShapeNotOffered"
     NODE_TRUSTED_AGAIN = "NodeTrustedAgain"
     FAILED_CREATE = "FailedCreate"
+    MORE_EVENTS = "MoreEvents"
+    """One decision told more Events than its journal keeps: how many more, of which reasons."""
 
 
 class TimelineKind(enum.StrEnum):

@@ -53,13 +53,30 @@ def pod_by_job(raw: Mapping[str, Any]) -> dict[Hashable, PodRecord]:
     return {key: pod_record(raw)} if key else {}
 
 
+def asks_for_tpus(spec: Mapping[str, Any]) -> bool:
+    """Some container of the pod asks for google.com/tpu (an extended resource: its limit and
+    request are equal, either may be written)."""
+    for container in spec.get("containers") or ():
+        if not isinstance(container, Mapping):
+            continue
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            amount = (resources.get(kind) or {}).get(labels.TPU_RESOURCE)
+            if str(amount or "0").strip() not in ("", "0"):
+                return True
+    return False
+
+
 def pod_by_pool(raw: Mapping[str, Any]) -> dict[Hashable, JobKey]:
-    """Pools that live pods of a job hold (pods that ended hold no chips)."""
+    """Pools that live pods of a job hold: pods that ended hold no chips, and neither does a
+    pod that asks for none. A label is free to write, so a pod that names a job and a pool
+    but asks for no TPU would otherwise hold a pool at no cost to its tenant; one that asks
+    for chips holds them for real, within its tenant's quota."""
     meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
     key = job_key(meta.get("namespace"), (meta.get("labels") or {}).get(labels.JOB))
     pool = (spec.get("nodeSelector") or {}).get(labels.NODEPOOL)
     phase = (raw.get("status") or {}).get("phase")
-    if key is None or not pool or phase in ("Succeeded", "Failed"):
+    if key is None or not pool or phase in ("Succeeded", "Failed") or not asks_for_tpus(spec):
         return {}
     return {str(pool): key}
 

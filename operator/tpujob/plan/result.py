@@ -25,7 +25,7 @@ from tpujob.api import (
 from tpujob.api import constants as c
 from tpujob.api.attempt import AttemptRecord, AttemptStatus, FailureRecord
 from tpujob.api.enums import ConditionType, Phase
-from tpujob.api.reasons import EventType
+from tpujob.api.reasons import EventReason, EventType
 from tpujob.api.status import FailedNode, GoodputBreakdown, LastFailure, Progress, Restarts
 from tpujob.diagnosis.memory import Blame
 from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings
@@ -193,7 +193,7 @@ class Draft:
         )
         journal = tuple(
             PendingEvent(type=e.type, reason=e.reason, message=e.message, time=e.at or self.now)
-            for e in self.events
+            for e in _bounded_journal(self.events, self.now)
         )
         self.update(pending_events=journal)
         return Plan(
@@ -210,3 +210,29 @@ class Draft:
             recovery_seconds=self.recovery_seconds,
             ledger_blame=self.ledger_blame,
         )
+
+
+def _bounded_journal(events: list[EventSpec], now: datetime) -> list[EventSpec]:
+    """The Events to journal in the status, within its bound: past it, the last place says how
+    many more this decision told and of which reasons (all are told; only their journal, for a
+    crash between the status write and the telling, is cut short). A bound the CRD enforces,
+    so a decision with more Events (many nodes back at once) would otherwise wedge the job."""
+    if len(events) <= c.TIMELINE_LIMIT:
+        return events
+    kept, rest = events[: c.TIMELINE_LIMIT - 1], events[c.TIMELINE_LIMIT - 1 :]
+    counts: dict[str, int] = {}
+    for e in rest:
+        counts[e.reason] = counts.get(e.reason, 0) + 1
+    warning = any(e.type == EventType.WARNING for e in rest)
+    summary = f"{len(rest)} more Events of this decision: " + ", ".join(
+        f"{reason} x{n}" for reason, n in sorted(counts.items())
+    )
+    return [
+        *kept,
+        EventSpec(
+            EventType.WARNING if warning else EventType.NORMAL,
+            EventReason.MORE_EVENTS,
+            summary[: c.MAX_MESSAGE_LENGTH],
+            now,
+        ),
+    ]

@@ -47,6 +47,27 @@ def test_only_a_live_pod_holds_its_pool(phase: str, held: bool) -> None:
     assert bool(pod_by_pool(raw)) is held
 
 
+@pytest.mark.parametrize(
+    ("resources", "held"),
+    [
+        ({"limits": {labels.TPU_RESOURCE: "4"}}, True),
+        ({"requests": {labels.TPU_RESOURCE: "1"}}, True),
+        ({"limits": {labels.TPU_RESOURCE: "0"}}, False),
+        ({"requests": {"cpu": "1"}}, False),
+        ({}, False),
+    ],
+)
+def test_a_pod_that_asks_for_no_tpu_holds_no_pool_whatever_its_labels(
+    resources: dict[str, dict[str, str]], held: bool
+) -> None:
+    # A tenant's squatting pod: a job's label, a pool's selector, Pending, and no chips.
+    job = job_body(status=running_status())
+    raw = pod(job, 1, 0, 0, phase="Pending")
+    raw["spec"]["nodeSelector"] = {labels.NODEPOOL: "pool-a"}
+    raw["spec"]["containers"][0]["resources"] = resources
+    assert bool(pod_by_pool(raw)) is held
+
+
 def test_a_pod_is_indexed_under_the_node_it_is_bound_to() -> None:
     job = job_body(status=running_status())
     raw = pod(job, 1, 0, 0, node_name="node-7")
