@@ -87,8 +87,10 @@ async def reconcile(
             if deps.api.down:
                 await _api_back(deps)
             return await _reconcile(deps, namespace, name)
-        except UnavailableError:
-            deps.api.down = True
+        except UnavailableError as err:
+            # Only an API that does not answer ends every job's heartbeat clock; one job's
+            # throttled or refused request stays that job's retry.
+            deps.api.down = deps.api.down or err.unreachable
             raise
         finally:
             deps.metrics.reconcile_seconds.observe(time.perf_counter() - started)

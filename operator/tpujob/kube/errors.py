@@ -48,6 +48,13 @@ class InvalidError(KubeError):
 class UnavailableError(KubeError):
     """The apiserver could not answer now (unreachable, timed out, throttled, 5xx)."""
 
+    @property
+    def unreachable(self) -> bool:
+        """No answer came at all (refused, reset, timed out): the API is down for everyone.
+        A 429 or 5xx is an answer about one request (a failing admission webhook on one
+        job's pods, one flow's fair share) and says nothing of the others'."""
+        return self.status == 0
+
 
 # (connect, read) seconds for every call; a watch-free reconcile never needs longer.
 REQUEST_TIMEOUT = (5.0, 30.0)

@@ -380,6 +380,30 @@ def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count
     assert deps.api.reachable_since == at(60)
 
 
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (UnavailableError(0, "ConnectionRefusedError", "refused"), True),
+        (UnavailableError(0, "ReadTimeoutError", "timed out"), True),
+        (UnavailableError(500, "InternalError", 'failed calling webhook "quota.x"'), False),
+        (UnavailableError(429, "TooManyRequests", "fair share"), False),
+    ],
+)
+def test_only_an_api_that_does_not_answer_is_an_outage_for_every_job(
+    error: UnavailableError, outage: bool
+) -> None:
+    job = job_body(status=running_status())
+    reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
+    writer = RecordingWriter(fail={"status": error})
+    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps.api.reachable_since = at(0)
+    with pytest.raises(UnavailableError):
+        run(reader, writer, deps, now=20)
+    assert deps.api.down is outage
+    if not outage:
+        assert deps.api.reachable_since == at(0)  # the neighbours' stall clocks run on
+
+
 def test_jobs_retrying_after_an_outage_send_one_probe_and_all_go_on_when_it_answers() -> None:
     job = job_body(status=running_status())
     reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
