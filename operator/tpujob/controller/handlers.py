@@ -25,7 +25,8 @@ import kopf
 
 from tpujob.api import GROUP, PLURAL, VERSION, labels
 from tpujob.controller.ledger_store import load_ledger
-from tpujob.controller.reconcile import Deps, reconcile, refresh_catalogue, release_pools
+from tpujob.controller.reconcile import Deps, reconcile, release_pools
+from tpujob.controller.sweeps import clear_orphaned_marks, refresh_catalogue
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.observed.nodes import down_now, note_tpu_shortfall, placeable
@@ -94,9 +95,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
         await load_ledger(memo)
 
     @kopf.on.startup(registry=registry)
-    async def start_catalogue(memo: Deps, **_: Any) -> None:
+    async def start_sweeps(memo: Deps, **_: Any) -> None:
         if memo.catalogue is not None:
             memo.background.append(asyncio.create_task(refresh_catalogue(memo)))
+        memo.background.append(asyncio.create_task(clear_orphaned_marks(memo)))
 
     _register_indexes(registry)
 

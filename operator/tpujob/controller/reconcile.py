@@ -38,7 +38,7 @@ from tpujob.plan import reports
 from tpujob.plan.planner import plan
 from tpujob.plan.result import Plan
 
-__all__ = ["Deps", "reconcile", "refresh_catalogue", "release_pools"]
+__all__ = ["Deps", "reconcile", "release_pools"]
 
 log = logging.getLogger("tpujob.controller.reconcile")
 INVALID_SPEC_RETRY_SECONDS = 300.0
@@ -57,17 +57,6 @@ TAIL_CACHE_SIZE = 2048
 CLOCK_FIELDS = ("goodput", "goodputBreakdown")
 # Status fields that follow the heartbeat; a change to these alone may wait.
 PROGRESS_FIELDS = ("progress", *CLOCK_FIELDS)
-
-
-async def refresh_catalogue(deps: Deps) -> None:
-    """Keep the zone catalogue fresh for as long as the operator runs (a task of its own:
-    a slow or unreachable Cloud TPU API never holds a reconcile)."""
-    source = deps.catalogue
-    if source is None:
-        return
-    while True:
-        await deps.run(source.refresh)
-        await asyncio.sleep(deps.catalogue_refresh_seconds)
 
 
 async def reconcile(

@@ -6,15 +6,18 @@ out after the status write, and due again until a reconcile sees it made).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
 
 from tpujob.api import BadNodeAction, FailedNode, labels
 from tpujob.api.reasons import EventReason, EventType
+from tpujob.diagnosis.model import FailureCode
+from tpujob.observed.nodes import down_now, tpu_short, under_maintenance
 from tpujob.observed.views import NodeView, Observed
-from tpujob.plan.failed_nodes import mark_reason, repaired, return_due
+from tpujob.plan.failed_nodes import mark_reason, marked_by, repaired, return_due
 from tpujob.plan.result import Draft, EventSpec, NodeMark, PlannerSettings
 
-__all__ = ["mark_blamed_nodes"]
+__all__ = ["mark_blamed_nodes", "orphaned_marks"]
 
 
 def mark_blamed_nodes(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
@@ -100,3 +103,39 @@ def _marked(node: NodeView, action: BadNodeAction) -> bool:
     if action is BadNodeAction.CORDON:
         return node.unschedulable
     return action is BadNodeAction.TAINT and node.has_taint(labels.BAD_NODE_TAINT)
+
+
+def orphaned_marks(
+    nodes: Iterable[NodeView],
+    live_jobs: Collection[tuple[str, str]],
+    *,
+    now: datetime,
+    return_after: float,
+) -> list[NodeMark]:
+    """Marks for a lost node whose job is gone, on nodes back long enough: the operator takes
+    them off in that job's stead.
+
+    Only the job that marked a lost node takes its mark off (`_take_off_if_back`); a job
+    deleted first (a TTL, a CI run) would leave the node marked for every job forever. A mark
+    of a node lost, by a job that no longer exists, on a node Ready for `return_after` with all
+    its TPUs and no maintenance, is cleared here, guarded as the job's own clear is (only while
+    the node still carries that very mark). Marks for other failures stay: those nodes are
+    broken until someone repairs them.
+    """
+    cleared = []
+    for node in nodes:
+        reason = node.mark_reason
+        who = marked_by(reason)
+        if reason is None or who is None or who in live_jobs:
+            continue
+        if not reason.endswith(f": {FailureCode.NODE_LOST}"):
+            continue
+        if down_now(node) or tpu_short(node) or under_maintenance(node):
+            continue
+        if node.ready_since is None or (now - node.ready_since).total_seconds() < return_after:
+            continue
+        for action in (BadNodeAction.TAINT, BadNodeAction.CORDON):
+            if _marked(node, action):
+                cleared.append(NodeMark(node.name, action, reason, clear=True))
+                break
+    return cleared

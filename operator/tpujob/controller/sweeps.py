@@ -1,0 +1,65 @@
+"""What the operator does on its own clock, beside the reconciles: tasks of their own, each a
+loop that lives as long as the operator and never holds a reconcile.
+
+* `refresh_catalogue`: keeps the optional Cloud TPU zone catalogue fresh (a slow or
+  unreachable Cloud TPU API never delays a job);
+* `clear_orphaned_marks`: takes off the marks of lost nodes whose job is gone, once the node
+  has been back long enough (`tpujob.plan.marks.orphaned_marks`); only the job that made a
+  mark takes it off otherwise, and a job deleted first would leave the node marked forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tpujob.controller.deps import Deps
+from tpujob.kube.errors import KubeError
+from tpujob.plan.marks import orphaned_marks
+
+log = logging.getLogger("tpujob.controller.sweeps")
+# Nodes come back over minutes (`lost_node_return_seconds`, 300 s): a minute late is nothing,
+# and each sweep reads only the cache.
+ORPHAN_SWEEP_SECONDS = 60.0
+
+
+async def refresh_catalogue(deps: Deps) -> None:
+    """Keep the zone catalogue fresh for as long as the operator runs."""
+    source = deps.catalogue
+    if source is None:
+        return
+    while True:
+        await deps.run(source.refresh)
+        await asyncio.sleep(deps.catalogue_refresh_seconds)
+
+
+async def clear_orphaned_marks(deps: Deps) -> None:
+    """Sweep for orphaned marks every `ORPHAN_SWEEP_SECONDS`, for as long as the operator runs.
+    The first sweep waits one period, by which time the job index has had its first listing
+    (a job missing from it would look gone)."""
+    while True:
+        await asyncio.sleep(ORPHAN_SWEEP_SECONDS)
+        await sweep_orphaned_marks(deps)
+
+
+async def sweep_orphaned_marks(deps: Deps) -> list[str]:
+    """One sweep: the nodes whose orphaned mark was taken off."""
+    view = deps.view
+    if view is None:
+        return []
+    marks = orphaned_marks(
+        view.node_views().values(),
+        frozenset(key for key in view.jobs if isinstance(key, tuple)),
+        now=deps.clock(),
+        return_after=deps.settings.node_health.lost_node_return_seconds,
+    )
+    cleared = []
+    for mark in marks:
+        try:
+            await deps.run(deps.writer.mark_node, mark, "")
+        except KubeError as err:  # the next sweep tries again
+            log.warning("node %s: could not take off the mark %r: %s", mark.node, mark.reason, err)
+            continue
+        log.info("node %s: took off the mark of a job that is gone (%s)", mark.node, mark.reason)
+        cleared.append(mark.node)
+    return cleared
