@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ BASE = TerminationMessage(
 )
 
 
-def message(**overrides: str) -> TerminationMessage:
+def message(**overrides: Any) -> TerminationMessage:
     return replace(BASE, **overrides)
 
 
@@ -120,3 +121,16 @@ def test_a_rejoin_order_reads_back_as_written() -> None:
 
     order = trainer_contract.Rejoin(attempt=7, coordinator="job-3-0-0.job.team.svc.cluster.local")
     assert trainer_contract.parse_rejoin(trainer_contract.encode_rejoin(order)) == order
+
+
+@pytest.mark.parametrize("step", [-1, 2**63, 10**30])
+def test_a_step_no_status_could_hold_reads_as_absent(step: int) -> None:
+    text = encode_termination_message(message(step=step, checkpoint_step=step, worker=step))
+    parsed = parse_termination_message(text)
+    assert parsed is not None
+    assert (parsed.step, parsed.checkpoint_step, parsed.worker) == (None, None, None)
+
+
+def test_the_largest_step_a_status_holds_reads_back() -> None:
+    parsed = parse_termination_message(encode_termination_message(message(step=2**63 - 1)))
+    assert parsed is not None and parsed.step == 2**63 - 1

@@ -233,6 +233,10 @@ def encode_termination_message(message: TerminationMessage) -> str:
     return text
 
 
+# The largest number a status field may hold (Kubernetes' int64).
+MAX_COUNT = 2**63 - 1
+
+
 def parse_termination_message(text: str | None) -> TerminationMessage | None:
     """Read a termination message written by the trainer; None for anything else (free text)."""
     if not text:
@@ -250,8 +254,12 @@ def parse_termination_message(text: str | None) -> TerminationMessage | None:
         return None
 
     def optional_int(key: str) -> int | None:
+        # A count the status keeps (a step, a worker index): the API's int64, never negative.
+        # Anything else is absent, not a status the apiserver would refuse on every write.
         value = data.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        return value if 0 <= value <= MAX_COUNT else None
 
     return TerminationMessage(
         code=data["code"],

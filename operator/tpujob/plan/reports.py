@@ -100,12 +100,15 @@ def planning_slow(
 def invalid_spec(
     status: TPUTrainingJobStatus, errors: Sequence[FieldError], *, now: datetime
 ) -> TPUTrainingJobStatus | None:
-    """SpecValid=False naming each field the operator cannot run, the job Pending; None when
-    the status already says so."""
+    """SpecValid=False naming each field the operator cannot run, the job Pending (a finished
+    job keeps its phase: what it did is history, whatever its spec says now); None when the
+    status already says so."""
     message = "; ".join(f"{e.path}: {e.message}" for e in errors)[:INVALID_SPEC_MESSAGE_LIMIT]
     new = _with(
         status, ConditionType.SPEC_VALID, False, ConditionReason.INVALID_SPEC, message, now=now
-    ).model_copy(update={"phase": Phase.PENDING})
+    )
+    if status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+        new = new.model_copy(update={"phase": Phase.PENDING})
     return _changed(status, new)
 
 

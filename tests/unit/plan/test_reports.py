@@ -41,6 +41,12 @@ def test_an_invalid_spec_names_every_field_and_holds_the_job_pending() -> None:
     assert reports.invalid_spec(status, errors, now=at(5)) is None
 
 
+def test_an_invalid_spec_on_a_finished_job_does_not_turn_it_back_to_pending() -> None:
+    done = EMPTY.model_copy(update={"phase": Phase.SUCCEEDED})
+    status = reports.invalid_spec(done, [FieldError("spec.x", "no")], now=at(0))
+    assert status is not None and status.phase is Phase.SUCCEEDED
+
+
 def test_a_slow_plan_names_the_users_patterns() -> None:
     status = reports.planning_slow(
         EMPTY, budget_seconds=5, retry_seconds=60, patterns=["(a+)+$"], now=at(0)
