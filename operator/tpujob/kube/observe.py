@@ -21,6 +21,9 @@ from tpujob.observed.views import Heartbeat, NodeView, Observed, heartbeat_view,
 from tpujob.plan import manifests
 
 LOG_TAIL_LINES = 80
+# A line may be long (a tensor printed whole): the tail kept is bounded in characters too, so
+# a thousand failing hosts cost the operator a bounded memory, and the diagnosis reads no more.
+LOG_TAIL_CHARS = 16 * 1024
 
 
 class ClusterReads(Protocol):
@@ -116,15 +119,23 @@ class Reader:
         """The pod's last lines, secrets redacted: they are copied into the job's status and
         Events, which more people can read than the pod's logs."""
         try:
-            return redact(
-                str(
-                    call(
-                        self.core.read_namespaced_pod_log, pod, namespace, tail_lines=LOG_TAIL_LINES
-                    )
-                )
+            text = call(
+                self.core.read_namespaced_pod_log, pod, namespace, tail_lines=LOG_TAIL_LINES
             )
         except KubeError:
             return ""  # logs are evidence, never a reason to fail a reconcile
+        return redact(bounded_tail(str(text)))
+
+
+def bounded_tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
+    """The last `limit` characters of `text`, from a line's start where one is in reach (a
+    line cut in two could leave half a secret that `redact` no longer recognises); one line
+    longer than the limit keeps its end, which says how it failed."""
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    start = tail.find("\n")
+    return tail[start + 1 :] if start >= 0 else tail
 
 
 def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:

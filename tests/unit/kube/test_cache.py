@@ -19,7 +19,7 @@ from tpujob.kube.cache import (
     pod_by_pool,
     pod_record,
 )
-from tpujob.kube.observe import observe, tails_to_read
+from tpujob.kube.observe import bounded_tail, observe, tails_to_read
 from tpujob.observed.nodes import note_tpu_shortfall
 from tpujob.observed.views import node_view
 
@@ -202,3 +202,15 @@ def test_a_tpu_shortfall_is_timed_from_the_first_event_that_showed_it() -> None:
     assert note_tpu_shortfall(first, "n0", healthy, now=at(40)) == {}
     assert note_tpu_shortfall(first, "n0", None, now=at(40)) == {}
     assert first == {"n0": at(10)}  # a record handed to a plan is never changed
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("short\nlog\n", "short\nlog\n"),
+        ("x" * 30 + "\nline two\nline three\n", "line two\nline three\n"),
+        ("password=" + "y" * 40, "y" * 24),
+    ],
+)
+def test_a_log_tail_is_bounded_in_characters_from_a_lines_start(text: str, kept: str) -> None:
+    assert bounded_tail(text, limit=24) == kept
