@@ -175,9 +175,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
                         await asyncio.wait_for(wake.wait(), timeout=delay)
         finally:
             # Deleted, or this replica stops serving it: let its pools go (a replica that
-            # takes over rebuilds the claim from the job's recorded placement).
+            # takes over rebuilds the claim from the job's recorded placement), and forget the
+            # rest kept of it (its book, its wakes, its metric series): a thousand deleted
+            # jobs leave nothing behind.
             released = memo.pools.claim(key, None)
-            memo.wakes.forget(key)
+            memo.forget(key)
             release_pools(memo, released, spec.get("tpu") or {})
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)

@@ -8,6 +8,7 @@ import kopf
 import pytest
 from tests.unit.fakes import FakeReader, RecordingWriter
 
+from tpujob.api import Phase
 from tpujob.controller import handlers
 from tpujob.controller.deps import (
     KOPF_OWN_WATCHES,
@@ -44,6 +45,8 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
     deps.view = FakeReader([])
     deps.pools.holders.update({"pool-0": ("team", "deleted"), "pool-1": ("team", "other")})
     shape = ("tpu-v4-podslice", "2x2x2")
+    deps.metrics.record_job("team", "deleted", Phase.RUNNING, 0.9, 1)
+    deps.jobs.written[("team", "deleted")] = {"status": {}}
 
     async def stop_a_deleted_job() -> bool:
         waiting = deps.wakes.waker(("team", "waiting"))
@@ -60,6 +63,15 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
 
     assert asyncio.run(stop_a_deleted_job())
     assert deps.pools.holders == {"pool-1": ("team", "other")}
+    # Nothing else kept of it either: no book entry, no metric series.
+    assert ("team", "deleted") not in deps.jobs.written
+    series = [
+        s.labels
+        for metric in deps.metrics.registry.collect()
+        for s in metric.samples
+        if s.labels.get("job") == "deleted"
+    ]
+    assert series == []
 
 
 def test_no_handler_reads_the_diff_base_the_operator_does_not_keep() -> None:
