@@ -23,6 +23,21 @@ from tpujob.diagnosis.memory import EXTERNAL_CODES, Blame, NodeLedger, record_bl
 from tpujob.plan.escalation import escalate
 
 LEDGER_ADVICE = "the node was tainted; the slice runs elsewhere"
+# The soft failures whose mechanism lives on the host, so that two tenants meeting one on the
+# same node says something about the node: its TPU devices or runtime, its interconnect, a
+# process crashing by a signal of the hardware. A storage 503, a lost peer, a fenced attempt,
+# a hang read from a log or a guess of the text model says nothing about where it ran, and
+# would otherwise get a healthy node tainted by two tenants' bad afternoon.
+NODE_EVIDENCE_CODES = frozenset(
+    {
+        dx.FailureCode.DEVICE_BUSY,
+        dx.FailureCode.BACKEND_UNAVAILABLE,
+        dx.FailureCode.RUNTIME_SESSION_LOST,
+        dx.FailureCode.PROCESS_CRASHED,
+        dx.FailureCode.ACCELERATOR_HARDWARE_ERROR,
+        dx.FailureCode.INTERCONNECT_FAULT,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -55,8 +70,10 @@ def weigh_ledger(
         d.failure_class is not dx.FailureClass.SOFT
         or not node
         or not trusted
-        or d.code in EXTERNAL_CODES
-    ):  # caused from outside, or killed by someone: not the host
+        or d.code in EXTERNAL_CODES  # caused from outside, or killed by someone: not the host
+        or d.code not in NODE_EVIDENCE_CODES
+        or d.probability is not None  # the text model's guess, not a mechanism seen
+    ):
         return LedgerOutcome(d)
     blame = Blame(node=node, job=ledger_job(namespace, name), at=now.timestamp())
     others = NodeLedger(tuple(Blame(n, j, at) for n, j, at in blames if _tenant(j) != namespace))

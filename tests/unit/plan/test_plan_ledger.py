@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tests.unit.builders import at, job_body, observed, pod, running_status, trainer_message
+from tests.unit.builders import at, job_body, observed, pod, running_status
 
 from tpujob import diagnosis as dx
-from tpujob.api import Phase, contract
+from tpujob.api import Phase
 from tpujob.plan.node_ledger import weigh_ledger
 from tpujob.plan.planner import plan
 from tpujob.plan.result import Plan
@@ -22,20 +22,12 @@ def killed_on(node: str, blames: tuple[tuple[str, str, float], ...]) -> Plan:
     job = job_body(status=running_status())
     pods = [
         pod(job, 1, 0, 0, node_name="pool-0-w0"),
-        pod(
-            job,
-            1,
-            0,
-            1,
-            phase="Failed",
-            exit_code=30,
-            node_name=node,
-            message=trainer_message(
-                contract.ExitCode.COLLECTIVE_FAILURE, "gloo: connection reset by peer"
-            ),
-        ),
+        pod(job, 1, 0, 1, phase="Failed", exit_code=1, node_name=node),
     ]
-    return plan(replace(observed(job, pods), node_blames=blames), now=at(NOW))
+    # Read by the operator from the log, a host-level mechanism: the node's TPU held by a
+    # foreign process (the trainer's own word would not be trusted as the node's evidence).
+    logs = {"train-1-0-1": "RuntimeError: open(/dev/accel0): Device or resource busy"}
+    return plan(replace(observed(job, pods, logs=logs), node_blames=blames), now=at(NOW))
 
 
 @pytest.mark.parametrize(
@@ -72,8 +64,8 @@ def test_a_soft_failure_on_a_node_another_tenant_blamed_lately_is_hard(
 def soft(evidence: tuple[dx.Evidence, ...]) -> dx.Diagnosis:
     return dx.Diagnosis(
         failure_class=dx.FailureClass.SOFT,
-        code=dx.FailureCode.COLLECTIVE_FAILURE,
-        summary="worker killed",
+        code=dx.FailureCode.DEVICE_BUSY,
+        summary="TPU busy",
         confidence=dx.Confidence.HIGH,
         rule="test",
         evidence=evidence,
@@ -89,6 +81,12 @@ def soft(evidence: tuple[dx.Evidence, ...]) -> dx.Diagnosis:
         (replace(soft(()), failure_class=dx.FailureClass.MEDIUM), "n1", False),
         (replace(soft(()), code=dx.FailureCode.PROCESS_KILLED), "n1", False),
         (replace(soft(()), code=dx.FailureCode.PREEMPTED), "n1", False),
+        (replace(soft(()), code=dx.FailureCode.STORAGE_UNAVAILABLE), "n1", False),
+        (replace(soft(()), code=dx.FailureCode.COLLECTIVE_FAILURE), "n1", False),
+        (replace(soft(()), code=dx.FailureCode.FENCED), "n1", False),
+        (replace(soft(()), code=dx.FailureCode.HANG), "n1", False),
+        (replace(soft(()), probability=0.7), "n1", False),
+        (replace(soft(()), code=dx.FailureCode.RUNTIME_SESSION_LOST), "n1", True),
     ],
     ids=[
         "operator-evidence",
@@ -97,6 +95,12 @@ def soft(evidence: tuple[dx.Evidence, ...]) -> dx.Diagnosis:
         "not-soft",
         "killed-from-outside",
         "preempted",
+        "storage-503",
+        "peer-lost",
+        "fenced",
+        "hang",
+        "model-guess",
+        "tpu-runtime-lost",
     ],
 )
 def test_only_soft_failures_the_operator_read_itself_enter_the_ledger(
