@@ -30,6 +30,7 @@ class FakeReader(CachedView):
         body: dict[str, Any] | None = None,
         lease: dict[str, Any] | None = None,
         nodes: list[dict[str, Any]] | None = None,
+        logs: dict[str, str] | None = None,
     ) -> None:
         book = NodeBook()
         super().__init__(
@@ -42,6 +43,7 @@ class FakeReader(CachedView):
         )
         object.__setattr__(self, "configs", {})
         object.__setattr__(self, "api_unreachable", False)
+        object.__setattr__(self, "logs", logs or {})
 
     def replace_body(self, body: dict[str, Any]) -> None:
         """The job as the next watch event shows it: a newer resourceVersion than the one it
@@ -57,7 +59,8 @@ class FakeReader(CachedView):
         self.jobs.update(index([job_record(body)]))  # type: ignore[attr-defined]
 
     def log_tail(self, namespace: str, pod: str) -> str:
-        return ""
+        logs: dict[str, str] = self.logs  # type: ignore[attr-defined]
+        return logs.get(pod, "")
 
     def api_answers(self) -> None:
         if self.api_unreachable:  # type: ignore[attr-defined]

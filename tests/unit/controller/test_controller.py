@@ -335,9 +335,10 @@ def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_res
     from tpujob.diagnosis.memory import LEDGER_KEY
 
     job = job_body(status=running_status())
-    message = trainer_message(contract.ExitCode.COLLECTIVE_FAILURE, "connection reset by peer")
-    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=30, message=message)]
-    reader, writer = FakeReader(pods, body=job), RecordingWriter()
+    # A host-level mechanism, read from the log: the node's TPU held by a foreign process.
+    logs = {"train-1-0-1": "RuntimeError: open(/dev/accel0): Device or resource busy"}
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=1)]
+    reader, writer = FakeReader(pods, body=job, logs=logs), RecordingWriter()
     deps = Deps(reader=reader, writer=writer, ledger_namespace="tpujob-system")  # type: ignore[arg-type]
     run(reader, writer, deps)
     kinds = writer.kinds()
