@@ -242,9 +242,16 @@ def test_operator_command_line_carries_ports_log_level_and_extra_args() -> None:
         "--liveness-port=8080",
         "--liveness-address=$(POD_IP)",
         "--log-level=DEBUG",
+        "--host-path-prefixes=",
         "--flag-a",
         "--flag-b=1",
     ]
+
+
+def test_the_operator_is_given_the_host_path_prefixes_its_admission_policy_allows() -> None:
+    # The operator enforces them itself too: a cluster without the policy is not left open.
+    args = operator_container(render("hostPathPrefixes={/var/tmp/tpujob,/data/}"))["args"]
+    assert "--host-path-prefixes=/var/tmp/tpujob,/data/" in args
 
 
 @pytest.mark.parametrize(

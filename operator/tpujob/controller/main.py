@@ -130,6 +130,15 @@ def register(subparsers: Any) -> None:
         "their heartbeat that they can rejoin); off: every pod is replaced",
     )
     p.add_argument(
+        "--host-path-prefixes",
+        default=None,
+        metavar="PATH,...",
+        help="node paths a job's hostPath checkpoint may lie under (comma-separated; empty "
+        "allows none). A new job with a hostPath elsewhere is refused in its SpecValid "
+        "condition and never launched, whether or not an admission policy runs. Not "
+        "given: hostPath is left to the cluster's admission",
+    )
+    p.add_argument(
         "--trust-job-history",
         action="append",
         default=[],
@@ -215,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
         ),
         trusted_namespaces=tuple(args.trust_job_history),
         slice_restarts=args.slice_restarts,
+        host_path_prefixes=None
+        if args.host_path_prefixes is None
+        else tuple(p for p in args.host_path_prefixes.split(",") if p),
     )
     deps = Deps(
         reader=Reader(api),

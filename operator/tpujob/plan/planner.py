@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from tpujob.api import ConditionStatus, ConditionType, Phase, Progress
+from tpujob.api import ConditionStatus, ConditionType, Phase, Progress, TPUTrainingJob
 from tpujob.api.attempt import AttemptStatus
 from tpujob.api.reasons import ConditionReason, EventReason, EventType, TimelineKind
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
@@ -25,6 +25,7 @@ from tpujob.plan.goodput import breakdown, ended_attempt, goodput_of
 from tpujob.plan.health_conditions import watch_training_health
 from tpujob.plan.marks import mark_blamed_nodes
 from tpujob.plan.placement import placement, pools_of
+from tpujob.plan.pod_security import hostpath_allowed
 from tpujob.plan.pools import choose_pools
 from tpujob.plan.result import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan.slices import abandon_if_broken, is_kept, kept_pods, rejoin
@@ -39,6 +40,8 @@ UNSCHEDULABLE_GRACE_SECONDS = 15.0
 
 
 DEFAULT_SETTINGS = PlannerSettings()
+# A refused spec changes only when its job does, which wakes the job at once.
+REFUSED_SPEC_POLL_SECONDS = 300.0
 
 
 def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SETTINGS) -> Plan:
@@ -57,6 +60,12 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         _finished(obs, draft, settings)
     elif job.spec.suspend:
         _suspend(obs, draft)
+    elif job.status.attempt == 0 and (refused := refused_host_path(job, settings)) is not None:
+        # Never launched: its pods would mount a node path the operator may not give out.
+        # A job already running keeps running (narrowed prefixes do not stop it).
+        draft.condition(ConditionType.SPEC_VALID, False, ConditionReason.INVALID_SPEC, refused)
+        draft.update(phase=Phase.PENDING)
+        draft.requeue_after = REFUSED_SPEC_POLL_SECONDS
     elif job.status.attempt == 0 or job.status.phase is Phase.SUSPENDED:
         _new_attempt_after_start_or_resume(obs, draft, settings)
         # Launched in the same reconcile: the status planning the attempt is written before
@@ -70,6 +79,22 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
     return draft.done()
+
+
+def refused_host_path(job: TPUTrainingJob, settings: PlannerSettings) -> str | None:
+    """Why the job's hostPath checkpoint may not be mounted, or None when it may (or the
+    operator was given no prefixes to check it against)."""
+    volume = job.spec.checkpoint.volume if job.spec.checkpoint is not None else None
+    prefixes = settings.host_path_prefixes
+    if volume is None or volume.host_path is None or prefixes is None:
+        return None
+    if hostpath_allowed(volume.host_path, prefixes):
+        return None
+    allowed = ", ".join(prefixes) or "none"
+    return (
+        f"spec.checkpoint.volume.hostPath: {volume.host_path} is not under a path the operator "
+        f"may give out (--host-path-prefixes, the chart's hostPathPrefixes: {allowed})"
+    )
 
 
 def _with_status(obs: Observed, draft: Draft) -> Observed:

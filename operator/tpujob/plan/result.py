@@ -89,6 +89,10 @@ class PlannerSettings:
     # When a failure concerns some slices only, and the trainers say they can rejoin, only
     # those slices' pods are replaced and the others restart in place (off: every pod is).
     slice_restarts: bool = True
+    # The node paths a job's hostPath checkpoint may lie under (`--host-path-prefixes`, the
+    # chart's hostPathPrefixes); empty allows none. None: the operator was given no list and
+    # leaves hostPath to the cluster's admission (the chart's policy) alone.
+    host_path_prefixes: tuple[str, ...] | None = None
 
     def trusts_history_of(self, namespace: str) -> bool:
         return any(fnmatchcase(namespace, pattern) for pattern in self.trusted_namespaces)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import job_body
+from tests.unit.builders import at, job_body, observed, running_status
 
-from tpujob.api import InvalidJobError, parse_job
-from tpujob.plan import manifests, pod_security
+from tpujob.api import ConditionStatus, ConditionType, InvalidJobError, Phase, parse_job
+from tpujob.plan import manifests, plan, pod_security
+from tpujob.plan.result import PlannerSettings
 
 # The volume types Pod Security `restricted` allows (pod-security-admission, restrictedVolumes).
 RESTRICTED_VOLUME_TYPES = {
@@ -205,3 +206,32 @@ def test_only_a_multislice_jobs_pods_get_the_rejoin_order_file(
         assert item["fieldRef"]["fieldPath"] == "metadata.annotations['tpujob.dev/rejoin']"
         assert mounts["tpujob-rejoin"]["readOnly"] is True
         assert restricted_violations(pod) == []
+
+
+@pytest.mark.parametrize(
+    ("prefixes", "attempt", "launched"),
+    [
+        (None, 0, True),  # no list given: left to the cluster's admission
+        (("/var/tmp/ckpt",), 0, True),
+        (("/data",), 0, False),
+        ((), 0, False),  # the chart's default: no node path
+        (("/data",), 1, True),  # already running: narrowed prefixes do not stop it
+    ],
+)
+def test_the_operator_refuses_to_launch_a_host_path_outside_its_prefixes(
+    prefixes: tuple[str, ...] | None, attempt: int, launched: bool
+) -> None:
+    status = running_status(attempt=attempt) if attempt else {}
+    job = job_body(
+        status=status,
+        checkpoint={"volume": {"hostPath": "/var/tmp/ckpt/run", "mountPath": "/checkpoints"}},
+    )
+    settings = PlannerSettings(host_path_prefixes=prefixes)
+    result = plan(observed(job), now=at(0), settings=settings)
+    valid = result.status.condition(ConditionType.SPEC_VALID)
+    assert valid is not None
+    assert (valid.status == ConditionStatus.TRUE) is launched
+    if not launched:
+        assert result.create == ()
+        assert result.status.phase is Phase.PENDING
+        assert "spec.checkpoint.volume.hostPath: /var/tmp/ckpt/run" in (valid.message or "")
