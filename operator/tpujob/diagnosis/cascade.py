@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from tpujob.diagnosis import facts as f
-from tpujob.diagnosis.engine import admitted, diagnose_worker, worker_label
+from tpujob.diagnosis.engine import diagnose_worker, worker_label
 from tpujob.diagnosis.model import (
     DEFAULT_ACTIONS,
     ChainLink,
@@ -28,6 +28,7 @@ from tpujob.diagnosis.model import (
     Source,
 )
 from tpujob.diagnosis.rules import RuleTable, UserRule
+from tpujob.diagnosis.texts import admitted
 
 DEFAULT_UNKNOWN_RETRY_LIMIT = 3
 # Failures caused from outside the program: repeating at the same step proves nothing.

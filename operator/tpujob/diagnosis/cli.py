@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from tpujob.diagnosis.engine import MAX_LOG_CHARS, diagnose_worker
+from tpujob.diagnosis.engine import diagnose_worker
 from tpujob.diagnosis.evaluate import (
     CLASSES,
     DEFAULT_FOLDS,
@@ -33,6 +33,7 @@ from tpujob.diagnosis.evaluate import (
 )
 from tpujob.diagnosis.facts import WorkerFacts
 from tpujob.diagnosis.model import Confidence, Diagnosis
+from tpujob.diagnosis.texts import MAX_LOG_CHARS
 
 
 def register(subparsers: Any) -> None:
