@@ -33,19 +33,25 @@ def repository(source: str) -> str:
     return re.split(r"[#\s]", source.strip(), maxsplit=1)[0]
 
 
-def main(src: Path) -> None:
-    lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
-    by_repo: dict[str, list[str]] = {}
-    for line in lines:
-        by_repo.setdefault(repository(json.loads(line)["source"]), []).append(line)
-    budget = math.ceil(len(lines) / 5)
-    order = sorted(by_repo, key=lambda r: hashlib.sha256(f"{SEED}{r}".encode()).hexdigest())
+def walk(repos: list[str], by_repo: dict[str, list[str]], budget: int, seed: str) -> set[str]:
+    """The repositories set aside: in the order of SHA-256(seed + repo), each whose entries
+    all still fit under the budget."""
+    order = sorted(repos, key=lambda r: hashlib.sha256(f"{seed}{r}".encode()).hexdigest())
     held: set[str] = set()
     taken = 0
     for repo in order:
         if taken + len(by_repo[repo]) <= budget:
             held.add(repo)
             taken += len(by_repo[repo])
+    return held
+
+
+def main(src: Path) -> None:
+    lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
+    by_repo: dict[str, list[str]] = {}
+    for line in lines:
+        by_repo.setdefault(repository(json.loads(line)["source"]), []).append(line)
+    held = walk(list(by_repo), by_repo, math.ceil(len(lines) / 5), SEED)
     dev = [line for line in lines if repository(json.loads(line)["source"]) not in held]
     aside = [line for line in lines if repository(json.loads(line)["source"]) in held]
     (HERE / "errors.jsonl").write_text("\n".join(dev) + "\n", encoding="utf-8")
@@ -70,14 +76,7 @@ def add(src: Path) -> None:
         for repo, lines in by_repo.items()
         if repo not in known and not any(json.loads(line)["text"] in texts for line in lines)
     ]
-    budget = math.ceil(len(new) / 3)
-    order = sorted(eligible, key=lambda r: hashlib.sha256(f"{SEED_2}{r}".encode()).hexdigest())
-    held: set[str] = set()
-    taken = 0
-    for repo in order:
-        if taken + len(by_repo[repo]) <= budget:
-            held.add(repo)
-            taken += len(by_repo[repo])
+    held = walk(eligible, by_repo, math.ceil(len(new) / 3), SEED_2)
     aside = [line for line in new if repository(json.loads(line)["source"]) in held]
     dev += [line for line in new if repository(json.loads(line)["source"]) not in held]
     (HERE / "errors.jsonl").write_text("\n".join(dev) + "\n", encoding="utf-8")
