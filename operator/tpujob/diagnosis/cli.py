@@ -1,7 +1,8 @@
 """`tpujob diagnose`: diagnose one failure from a log, or score the engine on a corpus.
 
     tpujob diagnose [--log FILE|-] [--exit-code N] [--reason R] [--context TEXT] [--json]
-    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]]
+    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]
+                    [--unknown-policies]]
 
 The eval ends with one machine-readable line,
 `accuracy=A n=N fatal_retried=F retryable_failed=R`, and exits 0: the bar is enforced by
@@ -25,15 +26,18 @@ from tpujob.diagnosis.engine import diagnose_worker
 from tpujob.diagnosis.evaluate import (
     CLASSES,
     DEFAULT_FOLDS,
+    CorpusEntry,
     CorpusError,
+    Fitter,
     Report,
     cross_validate,
     evaluate,
     parse_corpus,
 )
 from tpujob.diagnosis.facts import WorkerFacts
-from tpujob.diagnosis.model import Confidence, Diagnosis
+from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass
 from tpujob.diagnosis.texts import MAX_LOG_CHARS
+from tpujob.diagnosis.unknown import CANDIDATES, CHOSEN, total_cost
 
 
 def register(subparsers: Any) -> None:
@@ -59,6 +63,11 @@ def register(subparsers: Any) -> None:
         "--cv", action="store_true", help="with --eval: grouped cross-validation by repository"
     )
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="with --cv: folds")
+    parser.add_argument(
+        "--unknown-policies",
+        action="store_true",
+        help="with --cv: score every candidate policy for unknown failures, with its cost",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -89,6 +98,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
         if args.cv:
             from tpujob.diagnosis.training import fit
 
+            if args.unknown_policies:
+                print_policies(console, entries, fit, args.folds, floor)
+                return 0
             report = cross_validate(entries, fit, folds=args.folds, min_confidence=floor)
         else:
             report = evaluate(entries, min_confidence=floor)
@@ -130,6 +142,29 @@ def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     console.print(f"action: {diagnosis.action}", markup=False)
     if diagnosis.advice:
         console.print(f"advice: {diagnosis.advice}", markup=False)
+
+
+def print_policies(
+    console: Console, entries: list[CorpusEntry], fit: Fitter, folds: int, floor: Confidence
+) -> None:
+    """Grouped cross-validation under each candidate policy for unknown failures."""
+    table = Table(title="unknown policies (grouped cross-validation)")
+    table.add_column("policy", no_wrap=True)
+    for column in ("accuracy", "wrongly failed", "restarts wasted", "nodes reused", "cost"):
+        table.add_column(column, no_wrap=True)
+    hard, fatal = FailureClass.HARD, FailureClass.FATAL
+    for policy in CANDIDATES:
+        report = cross_validate(entries, fit, folds=folds, min_confidence=floor, unknown=policy)
+        reused = sum(report.confusion[hard][c] for c in CLASSES if c not in (hard, fatal))
+        table.add_row(
+            policy.name + (" (chosen)" if policy == CHOSEN else ""),
+            f"{report.accuracy:.3f}",
+            str(report.retryable_failed),
+            str(report.fatal_retried),
+            str(reused),
+            f"{total_cost(report.confusion):.1f}",
+        )
+    console.print(table)
 
 
 def print_report(console: Console, report: Report) -> None:

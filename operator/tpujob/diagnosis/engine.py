@@ -49,7 +49,7 @@ from tpujob.diagnosis.signals import exit_text, node_signals
 from tpujob.diagnosis.site import SiteFacts, SiteRule, first_match
 from tpujob.diagnosis.textmodel import TextModel, model_input, packaged_model
 from tpujob.diagnosis.texts import Texts, admitted, texts_of
-from tpujob.diagnosis.unknown import MODEL_FLOOR, model_verdict
+from tpujob.diagnosis.unknown import CHOSEN, UnknownPolicy, model_verdict
 
 _VOLATILE = compile_linear(r"0x[0-9a-f]+|\d+|/[^\s:'\"]+|\s+", where="built-in volatile pattern")
 _SIGNAL_SOURCES = {
@@ -206,11 +206,11 @@ def _exception_hit(texts: Texts) -> Hit | None:
     return None
 
 
-def _model_hit(model: TextModel | None, texts: Texts) -> Hit | None:
+def _model_hit(model: TextModel | None, texts: Texts, policy: UnknownPolicy) -> Hit | None:
     if model is None:
         return None
     prediction = model.predict(model_input(texts.context, texts.message, texts.log))
-    if prediction.probability < MODEL_FLOOR:
+    if not policy.accepts(prediction):
         return None
     detail = f"text model: {prediction.failure_class} with probability {prediction.probability:.2f}"
     return Hit(
@@ -229,10 +229,12 @@ def _default_hit(table: RuleTable, worker: f.WorkerFacts) -> Hit:
 
 def _layers(
     worker: f.WorkerFacts,
+    *,
     table: RuleTable,
     user_rules: Sequence[UserRule],
     texts: Texts,
     model: TextModel | None,
+    unknown: UnknownPolicy,
 ) -> Iterator[Hit]:
     """The layers' hits in precedence order, each tried only when asked for."""
     if hit := _user_hit(user_rules, worker, texts):
@@ -247,7 +249,7 @@ def _layers(
         yield hit
     if hit := _exception_hit(texts):
         yield hit
-    if hit := _model_hit(model, texts):
+    if hit := _model_hit(model, texts, unknown):
         yield hit
     yield _default_hit(table, worker)
 
@@ -287,6 +289,7 @@ def ranked_hits(
     site_rules: Sequence[SiteRule] = (),
     table: RuleTable | None = None,
     model: TextModel | Literal["packaged"] | None = "packaged",
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Iterator[Hit]:
     """Every layer's verdict on the worker, strongest first, lazily: the first decides,
     the next is what came second. A site rule regrades the first hit unless the job's own
@@ -295,7 +298,14 @@ def ranked_hits(
     rule_table = table if table is not None else default_table()
     text_model = packaged_model() if model == "packaged" else model
     texts = texts_of(worker, rule_table)
-    layers = _layers(worker, rule_table, user_rules, texts, text_model)
+    layers = _layers(
+        worker,
+        table=rule_table,
+        user_rules=user_rules,
+        texts=texts,
+        model=text_model,
+        unknown=unknown,
+    )
     first = next(layers)
     if site_rules and first.layer is not Layer.USER:
         site = _site_hit(site_rules, worker, texts, first)
@@ -326,16 +336,22 @@ def diagnose_worker(
     site_rules: Sequence[SiteRule] = (),
     table: RuleTable | None = None,
     model: TextModel | Literal["packaged"] | None = "packaged",
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Diagnosis:
     """Diagnose one failed (or stuck) worker from its facts alone.
 
     `site_rules` are the cluster's regrades (`site.py`); `model` is the learned fallback:
     the packaged one by default, another (a fold's, in cross-validation) or None for rules
-    only.
+    only; `unknown` says when its guess is taken (`unknown.py`).
     """
     worker = admitted(worker)
     hits = ranked_hits(
-        worker, user_rules=user_rules, site_rules=site_rules, table=table, model=model
+        worker,
+        user_rules=user_rules,
+        site_rules=site_rules,
+        table=table,
+        model=model,
+        unknown=unknown,
     )
     return diagnosis_of(worker, next(hits))
 

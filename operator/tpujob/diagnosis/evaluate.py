@@ -21,6 +21,7 @@ from tpujob.diagnosis.facts import REASON_OOM_KILLED, WorkerFacts
 from tpujob.diagnosis.linear import compile_linear
 from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass, FailureCode, Source
 from tpujob.diagnosis.textmodel import TextModel, model_input
+from tpujob.diagnosis.unknown import CHOSEN, UnknownPolicy
 
 CLASSES = tuple(FailureClass)
 _CONFIDENCE_RANK = {Confidence.LOW: 0, Confidence.MEDIUM: 1, Confidence.HIGH: 2}
@@ -192,9 +193,12 @@ def _kept(entries: Sequence[CorpusEntry], min_confidence: Confidence) -> list[Co
 
 
 def diagnose_entry(
-    entry: CorpusEntry, model: TextModel | Literal["packaged"] | None = "packaged"
+    entry: CorpusEntry,
+    model: TextModel | Literal["packaged"] | None = "packaged",
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Diagnosis:
-    return diagnose_worker(facts_from_report(entry.text, entry.context), model=model)
+    facts = facts_from_report(entry.text, entry.context)
+    return diagnose_worker(facts, model=model, unknown=unknown)
 
 
 def evaluate(
@@ -229,6 +233,7 @@ def cross_validate(
     *,
     folds: int = DEFAULT_FOLDS,
     min_confidence: Confidence = Confidence.LOW,
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Report:
     """Grouped cross-validation: each fold's entries are diagnosed by a model fit without it.
 
@@ -241,7 +246,7 @@ def cross_validate(
         train = [e for e in entries if e.repository not in fold]
         model = fit([model_text(e) for e in train], [e.label for e in train])
         held = [e for e in _kept(entries, min_confidence) if e.repository in fold]
-        scored.extend(Scored(e, diagnose_entry(e, model)) for e in held)
+        scored.extend(Scored(e, diagnose_entry(e, model, unknown)) for e in held)
     order = {e.id: i for i, e in enumerate(entries)}
     return score(sorted(scored, key=lambda s: order[s.entry.id]))
 
