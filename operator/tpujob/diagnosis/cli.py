@@ -1,6 +1,7 @@
 """`tpujob diagnose`: diagnose one failure from a log, or score the engine on a corpus.
 
     tpujob diagnose [--log FILE|-] [--exit-code N] [--reason R] [--context TEXT] [--json]
+                    [--explain] [--site-rules FILE.yaml]
     tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]
                     [--unknown-policies]]
 
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -34,8 +36,10 @@ from tpujob.diagnosis.evaluate import (
     evaluate,
     parse_corpus,
 )
+from tpujob.diagnosis.explain import explain_worker
 from tpujob.diagnosis.facts import WorkerFacts
 from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass
+from tpujob.diagnosis.site import SiteRule, SiteRulesError, parse_site_rules
 from tpujob.diagnosis.texts import MAX_LOG_CHARS
 from tpujob.diagnosis.unknown import CANDIDATES, CHOSEN, total_cost
 
@@ -52,6 +56,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--message", default="", help="the termination message (JSON or text)")
     parser.add_argument("--context", default="", help="other known facts, as free text")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print which catalogue entry, rule, site rule or model features decided, and what"
+        " came second",
+    )
+    parser.add_argument("--site-rules", metavar="FILE", help="a site rule set (YAML) to apply")
     parser.add_argument("--eval", metavar="FILE.jsonl", help="score the engine on a corpus")
     parser.add_argument(
         "--min-confidence",
@@ -86,7 +97,7 @@ def read_tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
-    console = Console(file=stream, highlight=False, soft_wrap=True)
+    console = Console(file=stream, highlight=False, soft_wrap=True, emoji=False)
     if args.eval:
         try:
             with Path(args.eval).open(encoding="utf-8") as corpus:
@@ -122,12 +133,25 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
         log_tail=log,
         context=args.context,
     )
-    diagnosis = diagnose_worker(facts)
+    try:
+        site_rules = read_site_rules(Path(args.site_rules)) if args.site_rules else ()
+    except (OSError, yaml.YAMLError, SiteRulesError) as error:
+        console.print(f"tpujob diagnose: {error}", markup=False)
+        return 2
+    if args.explain:
+        for line in explain_worker(facts, site_rules=site_rules).lines():
+            console.print(line, markup=False)
+        return 0
+    diagnosis = diagnose_worker(facts, site_rules=site_rules)
     if args.json:
         stream.write(json.dumps(diagnosis.as_dict(), indent=2) + "\n")
     else:
         print_diagnosis(console, diagnosis)
     return 0
+
+
+def read_site_rules(path: Path) -> tuple[SiteRule, ...]:
+    return parse_site_rules(yaml.safe_load(path.read_text(encoding="utf-8")))
 
 
 def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
