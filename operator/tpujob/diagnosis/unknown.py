@@ -23,18 +23,18 @@ The choice, measured by `tpujob diagnose --eval tests/data/corpus/errors.jsonl -
 cost summed over all reports, only those no mechanism named differ between policies):
 
     policy                   accuracy  wrongly failed  restarts wasted  nodes reused  cost
-    default-only             0.717      9              30               23            198.6
-    model-0.40 (before)      0.783     15              18               16            224.8
-    model-0.25               0.792     16              14               16            231.6
-    model-0.25-fatal-0.60    0.777      9              23               17            174.0
-    model-0.40-fatal-0.50    0.777     11              22               17            192.0
-    model-0.40-fatal-0.60    0.777      9              23               17            173.2  chosen
-    model-0.40-fatal-0.70    0.761      9              28               17            178.2
-    model-0.40-never-fatal   0.755      9              30               17            180.2
-    model-0.55-fatal-0.60    0.761      9              23               20            181.8
+    default-only             0.723      9              30               23            196.6
+    model-0.40 (before)      0.789     15              18               16            222.8
+    model-0.25               0.799     16              14               16            229.6
+    model-0.25-fatal-0.60    0.783      9              23               17            172.0
+    model-0.40-fatal-0.50    0.783     11              22               17            190.0
+    model-0.40-fatal-0.60    0.783      9              23               17            171.2  chosen
+    model-0.40-fatal-0.70    0.767      9              28               17            176.2
+    model-0.40-never-fatal   0.761      9              30               17            178.2
+    model-0.55-fatal-0.60    0.767      9              23               20            179.8
 
 The most accurate policy is not the cheapest: taking every guess of the model (0.25) fails
-16 retryable runs where the chosen one fails 9 (4.7% of 192 retryable reports) for 0.015 of
+16 retryable runs where the chosen one fails 9 (4.7% of 192 retryable reports) for 0.016 of
 accuracy.
 
 So: the model grades an unknown failure when its top probability reaches `MODEL_FLOOR`, but a
