@@ -8,10 +8,11 @@ paths and host names that no rule names, so the text model reads it after every 
 searched it; and that worst case again as the end of a 10 MB log. The 10 MB cases run
 `--big` diagnoses each (more than 100, so the p99 is not simply the slowest one). The
 baseline arm is the engine as of `--baseline` (a git revision, default the last commit before
-the current diagnosis work), checked out with `git worktree` into a temporary directory and
-run in a child process on the same logs in the same run; the JSON result holds both arms'
-figures (wall and CPU time per diagnosis, p50 and p99) and their throughput ratio. Not a
-test: the numbers depend on the machine, and the wall p99 on what else it runs.
+the catalogues), checked out with `git worktree` into a temporary directory and run in a
+child process on the same logs in the same run; the JSON result holds both arms' figures
+(wall and CPU time per diagnosis, p50 and p99), their throughput ratio for every case, and
+each arm's text model size (bytes of its weights file, features). Not a test: the numbers
+depend on the machine, and the wall p99 on what else it runs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 20260101
-DEFAULT_BASELINE = "4dcfc99"
+# The engine before the catalogues, site rules and the measured unknown policy.
+DEFAULT_BASELINE = "ca5941f"
 TAILS = (
     "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer",
     "XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory",
@@ -40,6 +42,7 @@ TAILS = (
     "training stopped after the last step, no message",
 )
 CHATTER = "I0101 12:00:{:02d}.000 train.py:88] step {} loss {:.4f} throughput 1234.5 tokens/s"
+CASES = ("tail80", "log10mb", "worst64kb", "worst10mb")
 PATHOLOGICAL = "a1b2c3 10.0.0.1:8470 0xdeadbeef /a/b/c w-1.pool.internal 12345 "
 
 
@@ -92,6 +95,19 @@ def timed(name: str, logs: list[str]) -> dict[str, float]:
     }
 
 
+def model_size() -> dict[str, float]:
+    """The text model of the engine importable from sys.path: weights file bytes, features."""
+    from importlib import resources
+
+    from tpujob.diagnosis.textmodel import packaged_model
+
+    weights = resources.files("tpujob.diagnosis").joinpath("textmodel.json")
+    return {
+        "model_bytes": float(len(weights.read_bytes())),
+        "model_features": float(len(packaged_model().index)),
+    }
+
+
 def run_arm(n: int, big: int) -> dict[str, float]:
     """Time the engine importable from sys.path (this process's arm)."""
     from tpujob.diagnosis import WorkerFacts, diagnose_worker
@@ -105,6 +121,7 @@ def run_arm(n: int, big: int) -> dict[str, float]:
         **timed("log10mb", [big_logs[i % len(big_logs)] for i in range(big)]),
         **timed("worst64kb", [worst] * big),
         **timed("worst10mb", [make_big_log(10_000_000, worst)] * big),
+        **model_size(),
     }
 
 
@@ -151,6 +168,9 @@ def main() -> int:
         "current": current,
         "baseline": baseline,
         "throughput_ratio": current["tail80_per_s"] / baseline["tail80_per_s"],
+        "throughput_ratio_per_case": {
+            case: current[f"{case}_per_s"] / baseline[f"{case}_per_s"] for case in CASES
+        },
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))

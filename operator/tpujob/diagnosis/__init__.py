@@ -11,6 +11,7 @@ from tpujob.diagnosis.cascade import (
     pick_root,
 )
 from tpujob.diagnosis.engine import diagnose_worker
+from tpujob.diagnosis.explain import Explanation, explain_worker
 from tpujob.diagnosis.facts import (
     HeartbeatFacts,
     JobFacts,
@@ -36,6 +37,7 @@ from tpujob.diagnosis.rules import (
     default_rule_table,
     parse_rule_table,
 )
+from tpujob.diagnosis.site import SiteRule, SiteRulesError, parse_site_rules
 
 __all__ = [
     "DEFAULT_UNKNOWN_RETRY_LIMIT",
@@ -43,6 +45,7 @@ __all__ = [
     "Confidence",
     "Diagnosis",
     "Evidence",
+    "Explanation",
     "FailureClass",
     "FailureCode",
     "HeartbeatFacts",
@@ -52,6 +55,8 @@ __all__ = [
     "PriorFailure",
     "RuleTable",
     "RuleTableError",
+    "SiteRule",
+    "SiteRulesError",
     "Source",
     "UserRule",
     "WorkerFacts",
@@ -59,7 +64,9 @@ __all__ = [
     "default_rule_table",
     "diagnose_job",
     "diagnose_worker",
+    "explain_worker",
     "parse_rule_table",
+    "parse_site_rules",
     "pick_root",
     "tag",
 ]

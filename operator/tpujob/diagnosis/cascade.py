@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from tpujob.diagnosis import facts as f
-from tpujob.diagnosis.engine import admitted, diagnose_worker, worker_label
+from tpujob.diagnosis.engine import diagnose_worker, worker_label
 from tpujob.diagnosis.model import (
     DEFAULT_ACTIONS,
     ChainLink,
@@ -28,6 +28,8 @@ from tpujob.diagnosis.model import (
     Source,
 )
 from tpujob.diagnosis.rules import RuleTable, UserRule
+from tpujob.diagnosis.site import SiteRule
+from tpujob.diagnosis.texts import admitted
 
 DEFAULT_UNKNOWN_RETRY_LIMIT = 3
 # Failures caused from outside the program: repeating at the same step proves nothing.
@@ -63,11 +65,14 @@ def pick_root(workers: Sequence[f.WorkerFacts], diagnoses: Sequence[Diagnosis]) 
 
 
 def _without_workers(
-    heartbeat: f.HeartbeatFacts | None, user_rules: Sequence[UserRule], table: RuleTable | None
+    heartbeat: f.HeartbeatFacts | None,
+    user_rules: Sequence[UserRule],
+    site_rules: Sequence[SiteRule],
+    table: RuleTable | None,
 ) -> Diagnosis:
     """No worker failed: a stalled heartbeat is a hang, anything else is unknown."""
     worker = f.WorkerFacts(heartbeat=heartbeat, step=heartbeat.step if heartbeat else None)
-    return diagnose_worker(worker, user_rules=user_rules, table=table)
+    return diagnose_worker(worker, user_rules=user_rules, site_rules=site_rules, table=table)
 
 
 def _escalate(
@@ -159,17 +164,23 @@ def diagnose_job(
     job: f.JobFacts,
     *,
     user_rules: Sequence[UserRule] = (),
+    site_rules: Sequence[SiteRule] = (),
     history: Sequence[f.PriorFailure] = (),
     unknown_retry_limit: int = DEFAULT_UNKNOWN_RETRY_LIMIT,
     table: RuleTable | None = None,
 ) -> Diagnosis:
-    """Diagnose a job attempt from all its failed workers and its history (oldest first)."""
+    """Diagnose a job attempt from all its failed workers and its history (oldest first).
+
+    `site_rules` are the cluster's regrades (`site.py`), tried after the job's own rules."""
     if not job.workers:
-        alone = _without_workers(job.heartbeat, user_rules, table)
+        alone = _without_workers(job.heartbeat, user_rules, site_rules, table)
         return apply_history(alone, history, unknown_retry_limit=unknown_retry_limit)
     # Admitted once here: the summary and the root's node name below come from these too.
     job = dataclasses.replace(job, workers=tuple(admitted(w) for w in job.workers))
-    diagnoses = [diagnose_worker(w, user_rules=user_rules, table=table) for w in job.workers]
+    diagnoses = [
+        diagnose_worker(w, user_rules=user_rules, site_rules=site_rules, table=table)
+        for w in job.workers
+    ]
     root_at = pick_root(job.workers, diagnoses)
     root_worker, root = job.workers[root_at], diagnoses[root_at]
     others = [

@@ -1,7 +1,9 @@
 """`tpujob diagnose`: diagnose one failure from a log, or score the engine on a corpus.
 
     tpujob diagnose [--log FILE|-] [--exit-code N] [--reason R] [--context TEXT] [--json]
-    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]]
+                    [--explain] [--site-rules FILE.yaml]
+    tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]
+                    [--unknown-policies]]
 
 The eval ends with one machine-readable line,
 `accuracy=A n=N fatal_retried=F retryable_failed=R`, and exits 0: the bar is enforced by
@@ -18,21 +20,28 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
-from tpujob.diagnosis.engine import MAX_LOG_CHARS, diagnose_worker
+from tpujob.diagnosis.engine import diagnose_worker
 from tpujob.diagnosis.evaluate import (
     CLASSES,
     DEFAULT_FOLDS,
+    CorpusEntry,
     CorpusError,
+    Fitter,
     Report,
     cross_validate,
     evaluate,
     parse_corpus,
 )
+from tpujob.diagnosis.explain import explain_worker
 from tpujob.diagnosis.facts import WorkerFacts
-from tpujob.diagnosis.model import Confidence, Diagnosis
+from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass
+from tpujob.diagnosis.site import SiteRule, SiteRulesError, parse_site_rules
+from tpujob.diagnosis.texts import MAX_LOG_CHARS
+from tpujob.diagnosis.unknown import CANDIDATES, CHOSEN, total_cost
 
 
 def register(subparsers: Any) -> None:
@@ -47,6 +56,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--message", default="", help="the termination message (JSON or text)")
     parser.add_argument("--context", default="", help="other known facts, as free text")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print which catalogue entry, rule, site rule or model features decided, and what"
+        " came second",
+    )
+    parser.add_argument("--site-rules", metavar="FILE", help="a site rule set (YAML) to apply")
     parser.add_argument("--eval", metavar="FILE.jsonl", help="score the engine on a corpus")
     parser.add_argument(
         "--min-confidence",
@@ -58,6 +74,11 @@ def register(subparsers: Any) -> None:
         "--cv", action="store_true", help="with --eval: grouped cross-validation by repository"
     )
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="with --cv: folds")
+    parser.add_argument(
+        "--unknown-policies",
+        action="store_true",
+        help="with --cv: score every candidate policy for unknown failures, with its cost",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -76,7 +97,7 @@ def read_tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
-    console = Console(file=stream, highlight=False, soft_wrap=True)
+    console = Console(file=stream, highlight=False, soft_wrap=True, emoji=False)
     if args.eval:
         try:
             with Path(args.eval).open(encoding="utf-8") as corpus:
@@ -88,6 +109,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
         if args.cv:
             from tpujob.diagnosis.training import fit
 
+            if args.unknown_policies:
+                print_policies(console, entries, fit, args.folds, floor)
+                return 0
             report = cross_validate(entries, fit, folds=args.folds, min_confidence=floor)
         else:
             report = evaluate(entries, min_confidence=floor)
@@ -109,12 +133,25 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
         log_tail=log,
         context=args.context,
     )
-    diagnosis = diagnose_worker(facts)
+    try:
+        site_rules = read_site_rules(Path(args.site_rules)) if args.site_rules else ()
+    except (OSError, yaml.YAMLError, SiteRulesError) as error:
+        console.print(f"tpujob diagnose: {error}", markup=False)
+        return 2
+    if args.explain:
+        for line in explain_worker(facts, site_rules=site_rules).lines():
+            console.print(line, markup=False)
+        return 0
+    diagnosis = diagnose_worker(facts, site_rules=site_rules)
     if args.json:
         stream.write(json.dumps(diagnosis.as_dict(), indent=2) + "\n")
     else:
         print_diagnosis(console, diagnosis)
     return 0
+
+
+def read_site_rules(path: Path) -> tuple[SiteRule, ...]:
+    return parse_site_rules(yaml.safe_load(path.read_text(encoding="utf-8")))
 
 
 def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
@@ -129,6 +166,29 @@ def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     console.print(f"action: {diagnosis.action}", markup=False)
     if diagnosis.advice:
         console.print(f"advice: {diagnosis.advice}", markup=False)
+
+
+def print_policies(
+    console: Console, entries: list[CorpusEntry], fit: Fitter, folds: int, floor: Confidence
+) -> None:
+    """Grouped cross-validation under each candidate policy for unknown failures."""
+    table = Table(title="unknown policies (grouped cross-validation)")
+    table.add_column("policy", no_wrap=True)
+    for column in ("accuracy", "wrongly failed", "restarts wasted", "nodes reused", "cost"):
+        table.add_column(column, no_wrap=True)
+    hard, fatal = FailureClass.HARD, FailureClass.FATAL
+    for policy in CANDIDATES:
+        report = cross_validate(entries, fit, folds=folds, min_confidence=floor, unknown=policy)
+        reused = sum(report.confusion[hard][c] for c in CLASSES if c not in (hard, fatal))
+        table.add_row(
+            policy.name + (" (chosen)" if policy == CHOSEN else ""),
+            f"{report.accuracy:.3f}",
+            str(report.retryable_failed),
+            str(report.fatal_retried),
+            str(reused),
+            f"{total_cost(report.confusion):.1f}",
+        )
+    console.print(table)
 
 
 def print_report(console: Console, report: Report) -> None:

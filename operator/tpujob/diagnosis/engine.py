@@ -1,24 +1,29 @@
 """Diagnosis of one worker: tries the layers in a fixed order and returns the first verdict.
 
-Precedence, from strongest to weakest: user rules, node and pod facts, the trainer's
-structured code, regexes on the message and log, exit reason and signal, the trainer's exit
-code, the last raised exception and what it wraps, the learned text model, and the named
-default (see `unknown.py` for what an unmatched failure gets and why).
+Precedence, from strongest to weakest (`Layer`): the job's own rules, the cluster's site
+rules (`site.py`, a regrade of what the layers below found), node and pod facts, the
+trainer's structured code, the rule table's regexes on the message and log, the
+catalogues' regexes (`catalogue.py`), exit reason and signal, the trainer's exit code, the
+last raised exception and the status it wraps (graded by the catalogues), the learned text
+model, and the named default (see `unknown.py` for what an unmatched failure gets and why).
 Node facts outrank container text because a worker on a dying node prints whatever its
 last collective saw; the trainer's own code outranks regexes because it was decided where
-the exception was caught. Pure: no I/O besides the cached rule table.
+the exception was caught. `ranked_hits` yields every layer's verdict lazily, so a
+diagnosis pays for the first and `explain.py` can show what came second. Pure: no I/O
+besides the cached rule table and catalogues.
 """
 
 from __future__ import annotations
 
-import functools
+import enum
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from tpujob.api import contract
 from tpujob.diagnosis import facts as f
+from tpujob.diagnosis.catalogue import default_table
 from tpujob.diagnosis.exceptions import grade_exception
 from tpujob.diagnosis.linear import compile_linear
 from tpujob.diagnosis.model import (
@@ -32,32 +37,21 @@ from tpujob.diagnosis.model import (
     Source,
 )
 from tpujob.diagnosis.rules import (
-    Haystack,
     NodeSignal,
     Pattern,
     RuleTable,
+    TextRule,
     UserRule,
     Verdict,
-    default_rule_table,
-    first_line_match,
-    matched_line,
     user_pattern,
 )
+from tpujob.diagnosis.signals import exit_text, node_signals
+from tpujob.diagnosis.site import SiteFacts, SiteRule, first_match
 from tpujob.diagnosis.textmodel import TextModel, model_input, packaged_model
-from tpujob.diagnosis.unknown import MODEL_FLOOR, model_verdict
+from tpujob.diagnosis.texts import Texts, admitted, texts_of
+from tpujob.diagnosis.unknown import CHOSEN, UnknownPolicy, model_verdict
 
-SIGNAL_NAMES = {
-    4: "SIGILL",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    8: "SIGFPE",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    15: "SIGTERM",
-}
 _VOLATILE = compile_linear(r"0x[0-9a-f]+|\d+|/[^\s:'\"]+|\s+", where="built-in volatile pattern")
-# Only the end of a log matters; bounding it keeps the cost of a diagnosis flat.
-MAX_LOG_CHARS = 64_000
 _SIGNAL_SOURCES = {
     NodeSignal.DISRUPTION_TAINT_MANAGER: Source.POD,
     NodeSignal.DISRUPTION_PREEMPTION: Source.POD,
@@ -69,140 +63,35 @@ _SIGNAL_SOURCES = {
 }
 
 
-@dataclass(frozen=True)
-class _Texts:
-    """The searchable text of a worker, split by where it came from, each made a haystack once."""
+class Layer(enum.StrEnum):
+    """The layers of the engine, in precedence order."""
 
-    message: str
-    log: str
-    context: str
-    trainer: contract.TerminationMessage | None
-    table: RuleTable
-
-    @functools.cached_property
-    def _sources(self) -> tuple[tuple[Source, Haystack], ...]:
-        return tuple(
-            (source, self.table.haystack(text))
-            for source, text in ((Source.MESSAGE, self.message), (Source.LOG, self.log))
-            if text
-        )
-
-    @functools.cached_property
-    def _context(self) -> Haystack:
-        return self.table.haystack(self.context)
-
-    def search(self, patterns: Sequence[Pattern]) -> Evidence | None:
-        for source, haystack in self._sources:
-            found = first_line_match(patterns, haystack)
-            if found:
-                return Evidence(source, matched_line(haystack.text, found))
-        return None
-
-    def search_context(self, patterns: Sequence[Pattern]) -> Evidence | None:
-        if not self.context:
-            return None
-        found = first_line_match(patterns, self._context)
-        return Evidence(Source.CONTEXT, matched_line(self.context, found)) if found else None
-
-
-def admitted(worker: f.WorkerFacts) -> f.WorkerFacts:
-    """The gate for text from outside: the log cut to the tail the engine reads, then every
-    string made encodable (`facts.encodable`), so no rule, hash or status write meets a lone
-    surrogate. Cutting first keeps the cost flat whatever the log's size; idempotent."""
-    if len(worker.log_tail) > MAX_LOG_CHARS:
-        worker = replace(worker, log_tail=worker.log_tail[-MAX_LOG_CHARS:])
-    return f.encodable_facts(worker)
-
-
-def _texts(worker: f.WorkerFacts, table: RuleTable) -> _Texts:
-    # The trainer's JSON can spell a lone surrogate as an escape: its fields pass the gate too.
-    trainer = f.encodable_facts(contract.parse_termination_message(worker.message))
-    message = f"{trainer.summary}\n{trainer.traceback}" if trainer else worker.message
-    return _Texts(message, worker.log_tail, worker.context, trainer, table)
-
-
-def node_signals(worker: f.WorkerFacts) -> dict[NodeSignal, str]:
-    """The node/pod/scheduler/heartbeat conditions present, each with its evidence text."""
-    found: dict[NodeSignal, str] = {}
-    node = worker.node
-    if node is not None:
-        if not node.exists:
-            found[NodeSignal.NODE_GONE] = f"node {node.name} no longer exists"
-        if node.accelerator_unhealthy:
-            found[NodeSignal.ACCELERATOR_UNHEALTHY] = f"node {node.name} reports TPU unhealthy"
-        if (
-            node.tpu_allocatable is not None
-            and node.tpu_requested is not None
-            and node.tpu_allocatable < node.tpu_requested
-        ):
-            found[NodeSignal.TPU_ALLOCATABLE_DROPPED] = (
-                f"node {node.name} allocatable google.com/tpu={node.tpu_allocatable}"
-                f" < requested {node.tpu_requested}"
-            )
-        if f.TAINT_OUT_OF_SERVICE in node.taints:
-            found[NodeSignal.NODE_OUT_OF_SERVICE] = (
-                f"node {node.name} tainted {f.TAINT_OUT_OF_SERVICE}"
-            )
-        maintenance = [t for t in node.taints if t in f.MAINTENANCE_TAINTS] + [
-            f"{key}={value}" for key, value in f.MAINTENANCE_LABELS if node.labels.get(key) == value
-        ]
-        if maintenance:
-            found[NodeSignal.MAINTENANCE] = f"node {node.name}: {', '.join(maintenance)}"
-        if f.SCHEDULED_MAINTENANCE_LABEL in node.labels:
-            found[NodeSignal.MAINTENANCE_SCHEDULED] = (
-                f"{f.SCHEDULED_MAINTENANCE_LABEL}={node.labels[f.SCHEDULED_MAINTENANCE_LABEL]}"
-            )
-        if node.ready in ("False", "Unknown"):
-            found[NodeSignal.NODE_NOT_READY] = f"node {node.name} Ready={node.ready}"
-        lost_taints = [t for t in node.taints if t in (f.TAINT_UNREACHABLE, f.TAINT_NOT_READY)]
-        if lost_taints:
-            found[NodeSignal.NODE_UNREACHABLE] = (
-                f"node {node.name} tainted {', '.join(lost_taints)}"
-            )
-    disruption = {
-        f.DISRUPTION_TAINT_MANAGER: NodeSignal.DISRUPTION_TAINT_MANAGER,
-        f.DISRUPTION_PREEMPTION: NodeSignal.DISRUPTION_PREEMPTION,
-        f.DISRUPTION_EVICTION_API: NodeSignal.DISRUPTION_EVICTION,
-        f.DISRUPTION_KUBELET: NodeSignal.DISRUPTION_KUBELET,
-    }.get(worker.disruption or "")
-    if disruption is not None:
-        found[disruption] = f"DisruptionTarget reason {worker.disruption}"
-    if worker.effective_signal in (9, 15) and worker.reason != f.REASON_OOM_KILLED:
-        found[NodeSignal.KILLED_BY_SIGNAL] = _exit_text(worker)
-    if worker.pending is not None:
-        found[NodeSignal.PENDING] = f"pending: {worker.pending.message}"
-    if worker.heartbeat is not None and worker.heartbeat.stalled:
-        found[NodeSignal.HEARTBEAT_STALLED] = (
-            f"no heartbeat for {worker.heartbeat.seconds_since:.0f}s"
-            f" (stall timeout {worker.heartbeat.stall_timeout:.0f}s)"
-        )
-    return found
-
-
-def _exit_text(worker: f.WorkerFacts) -> str:
-    parts = []
-    if worker.exit_code is not None:
-        parts.append(f"exit code {worker.exit_code}")
-    signal = worker.effective_signal
-    if signal is not None:
-        parts.append(SIGNAL_NAMES.get(signal, f"signal {signal}"))
-    if worker.reason:
-        parts.append(f"reason {worker.reason}")
-    return ", ".join(parts) or "no exit status"
+    USER = "job rule"
+    SITE = "site rule"
+    NODE = "node facts"
+    TRAINER = "trainer code"
+    RULES = "rule table"
+    CATALOGUE = "catalogue"
+    EXIT = "exit status"
+    EXCEPTION = "exception catalogue"
+    MODEL = "text model"
+    DEFAULT = "default"
 
 
 @dataclass(frozen=True)
-class _Hit:
-    """The first layer's match: which rule, its verdict, and what it saw."""
+class Hit:
+    """One layer's match: which layer and rule, its verdict, and what it saw."""
 
+    layer: Layer
     rule: str
     verdict: Verdict
     evidence: tuple[Evidence, ...]
     from_node: bool = False
     probability: float | None = None
+    signature: str | None = None  # kept from the failure a site rule regraded
 
 
-def _user_hit(rules: Sequence[UserRule], worker: f.WorkerFacts, texts: _Texts) -> _Hit | None:
+def _user_hit(rules: Sequence[UserRule], worker: f.WorkerFacts, texts: Texts) -> Hit | None:
     for rule in rules:
         if not (rule.exit_codes or rule.reasons or rule.message_regex):
             continue
@@ -210,23 +99,24 @@ def _user_hit(rules: Sequence[UserRule], worker: f.WorkerFacts, texts: _Texts) -
             continue
         if rule.reasons and worker.reason not in rule.reasons:
             continue
-        detail = _exit_text(worker)
+        detail = exit_text(worker)
         if rule.message_regex:
-            evidence = texts.search([user_pattern(rule.message_regex, rule.name)])
-            if evidence is None:
+            found = texts.search([user_pattern(rule.message_regex, rule.name)])
+            if found is None:
                 continue
-            detail = evidence.detail
+            detail = found.detail
         verdict = Verdict(
             failure_class=rule.failure_class,
             code=rule.code or FailureCode.UNKNOWN,
             confidence=Confidence.HIGH,
             summary=f"matched the job's recovery rule {rule.name}",
         )
-        return _Hit(rule.name, verdict, (Evidence(Source.USER_RULE, f"{rule.name}: {detail}"),))
+        evidence = (Evidence(Source.USER_RULE, f"{rule.name}: {detail}"),)
+        return Hit(Layer.USER, rule.name, verdict, evidence)
     return None
 
 
-def _node_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit | None:
+def _node_hit(table: RuleTable, worker: f.WorkerFacts) -> Hit | None:
     signals = node_signals(worker)
     for rule in table.node_rules:
         if rule.signals <= signals.keys():
@@ -234,7 +124,7 @@ def _node_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit | None:
                 Evidence(_SIGNAL_SOURCES.get(s, Source.NODE), signals[s])
                 for s in sorted(rule.signals)
             )
-            return _Hit(rule.name, rule.verdict, evidence, from_node=True)
+            return Hit(Layer.NODE, rule.name, rule.verdict, evidence, from_node=True)
     return None
 
 
@@ -248,7 +138,7 @@ _PEER_GONE = compile_linear(
 )
 
 
-def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:
+def _trainer_hit(message: contract.TerminationMessage | None) -> Hit | None:
     if message is None:
         return None
     try:
@@ -267,11 +157,12 @@ def _trainer_hit(message: contract.TerminationMessage | None) -> _Hit | None:
         or _PEER_GONE.search(f"{message.summary}\n{message.traceback}") is not None,
     )
     detail = f"termination message code {message.code} ({message.class_hint})"
-    return _Hit("trainer-code", verdict, (Evidence(Source.TRAINER, detail),))
+    return Hit(Layer.TRAINER, "trainer-code", verdict, (Evidence(Source.TRAINER, detail),))
 
 
-def _text_hit(table: RuleTable, texts: _Texts) -> _Hit | None:
-    for rule in table.text_rules:
+def _text_hits(rules: Sequence[TextRule], texts: Texts, layer: Layer) -> Iterator[Hit]:
+    """Every text rule that holds, in order (the engine takes the first; explain, two)."""
+    for rule in rules:
         hit = texts.search(rule.any) if rule.any else None
         if rule.any and hit is None:
             continue
@@ -284,45 +175,46 @@ def _text_hit(table: RuleTable, texts: _Texts) -> _Hit | None:
         if rule.unless and (texts.search(rule.unless) or texts.search_context(rule.unless)):
             continue
         evidence = tuple(e for e in (hit, also_hit, context_hit) if e is not None)
-        return _Hit(rule.name, rule.verdict, evidence)
-    return None
+        yield Hit(layer, rule.name, rule.verdict, evidence)
 
 
-def _exit_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit | None:
+def _exit_hit(table: RuleTable, worker: f.WorkerFacts) -> Hit | None:
     signal = worker.effective_signal
-    evidence = (Evidence(Source.EXIT, _exit_text(worker)),)
+    evidence = (Evidence(Source.EXIT, exit_text(worker)),)
     for rule in table.exit_rules:
         if (
             (worker.reason is not None and worker.reason in rule.reasons)
             or (signal is not None and signal in rule.signals)
             or (worker.exit_code is not None and worker.exit_code in rule.exit_codes)
         ):
-            return _Hit(rule.name, rule.verdict, evidence)
+            return Hit(Layer.EXIT, rule.name, rule.verdict, evidence)
     info = contract.describe_exit_code(worker.exit_code) if worker.exit_code else None
     if info is not None and info.code != FailureCode.UNKNOWN:
         verdict = Verdict(
             FailureClass(str(info.hint)), FailureCode(info.code), Confidence.MEDIUM, info.summary
         )
-        return _Hit("trainer-exit-code", verdict, evidence)
+        return Hit(Layer.EXIT, "trainer-exit-code", verdict, evidence)
     return None
 
 
-def _exception_hit(texts: _Texts) -> _Hit | None:
+def _exception_hit(texts: Texts) -> Hit | None:
     for source, text in ((Source.MESSAGE, texts.message), (Source.LOG, texts.log)):
         graded = grade_exception(text) if text else None
         if graded is not None:
-            return _Hit(graded.rule, graded.verdict, (Evidence(source, graded.detail),))
+            evidence = (Evidence(source, graded.detail),)
+            return Hit(Layer.EXCEPTION, graded.rule, graded.verdict, evidence)
     return None
 
 
-def _model_hit(model: TextModel | None, texts: _Texts) -> _Hit | None:
+def _model_hit(model: TextModel | None, texts: Texts, policy: UnknownPolicy) -> Hit | None:
     if model is None:
         return None
     prediction = model.predict(model_input(texts.context, texts.message, texts.log))
-    if prediction.probability < MODEL_FLOOR:
+    if not policy.accepts(prediction):
         return None
     detail = f"text model: {prediction.failure_class} with probability {prediction.probability:.2f}"
-    return _Hit(
+    return Hit(
+        Layer.MODEL,
         "text-model",
         model_verdict(prediction),
         (Evidence(Source.MODEL, detail),),
@@ -330,28 +222,97 @@ def _model_hit(model: TextModel | None, texts: _Texts) -> _Hit | None:
     )
 
 
-def _default_hit(table: RuleTable, worker: f.WorkerFacts) -> _Hit:
-    return _Hit(table.default_name, table.default, (Evidence(Source.DEFAULT, _exit_text(worker)),))
+def _default_hit(table: RuleTable, worker: f.WorkerFacts) -> Hit:
+    evidence = (Evidence(Source.DEFAULT, exit_text(worker)),)
+    return Hit(Layer.DEFAULT, table.default_name, table.default, evidence)
 
 
-def _first_hit(
+def _layers(
     worker: f.WorkerFacts,
+    *,
     table: RuleTable,
     user_rules: Sequence[UserRule],
-    texts: _Texts,
+    texts: Texts,
     model: TextModel | None,
-) -> _Hit:
-    """The layers in precedence order; the named default answers when none does."""
-    return (
-        _user_hit(user_rules, worker, texts)
-        or _node_hit(table, worker)
-        or _trainer_hit(texts.trainer)
-        or _text_hit(table, texts)
-        or _exit_hit(table, worker)
-        or _exception_hit(texts)
-        or _model_hit(model, texts)
-        or _default_hit(table, worker)
+    unknown: UnknownPolicy,
+) -> Iterator[Hit]:
+    """The layers' hits in precedence order, each tried only when asked for."""
+    if hit := _user_hit(user_rules, worker, texts):
+        yield hit
+    if hit := _node_hit(table, worker):
+        yield hit
+    if hit := _trainer_hit(texts.trainer):
+        yield hit
+    yield from _text_hits(table.text_rules, texts, Layer.RULES)
+    yield from _text_hits(table.catalogue_rules, texts, Layer.CATALOGUE)
+    if hit := _exit_hit(table, worker):
+        yield hit
+    if hit := _exception_hit(texts):
+        yield hit
+    if hit := _model_hit(model, texts, unknown):
+        yield hit
+    yield _default_hit(table, worker)
+
+
+def _site_hit(
+    rules: Sequence[SiteRule], worker: f.WorkerFacts, texts: Texts, base: Hit
+) -> Hit | None:
+    """A site rule's regrade of the failure the other layers found (`site.py`)."""
+    signature = signature_of(base.verdict.code, base.rule, base.evidence)
+    facts = SiteFacts(signature, worker.exit_code, worker.reason)
+
+    def search(pattern: Pattern) -> str | None:
+        evidence = texts.search([pattern])
+        return evidence.detail if evidence is not None else None
+
+    found = first_match(rules, facts, search)
+    if found is None:
+        return None
+    rule, detail = found
+    cls = rule.failure_class
+    verdict = replace(
+        base.verdict,
+        failure_class=cls,
+        code=rule.code or base.verdict.code,
+        confidence=Confidence.HIGH,
+        summary=f"{base.verdict.summary} ({rule.note})",
+        action=DEFAULT_ACTIONS[cls],
     )
+    evidence = (Evidence(Source.SITE_RULE, f"{rule.note} [{detail}]"), *base.evidence)
+    return Hit(Layer.SITE, f"site:{rule.name}", verdict, evidence, signature=signature)
+
+
+def ranked_hits(
+    worker: f.WorkerFacts,
+    *,
+    user_rules: Sequence[UserRule] = (),
+    site_rules: Sequence[SiteRule] = (),
+    table: RuleTable | None = None,
+    model: TextModel | Literal["packaged"] | None = "packaged",
+    unknown: UnknownPolicy = CHOSEN,
+) -> Iterator[Hit]:
+    """Every layer's verdict on the worker, strongest first, lazily: the first decides,
+    the next is what came second. A site rule regrades the first hit unless the job's own
+    rule decided."""
+    worker = admitted(worker)
+    rule_table = table if table is not None else default_table()
+    text_model = packaged_model() if model == "packaged" else model
+    texts = texts_of(worker, rule_table)
+    layers = _layers(
+        worker,
+        table=rule_table,
+        user_rules=user_rules,
+        texts=texts,
+        model=text_model,
+        unknown=unknown,
+    )
+    first = next(layers)
+    if site_rules and first.layer is not Layer.USER:
+        site = _site_hit(site_rules, worker, texts, first)
+        if site is not None:
+            yield site
+    yield first
+    yield from layers
 
 
 def signature_of(code: FailureCode, rule: str, evidence: Sequence[Evidence]) -> str:
@@ -372,32 +333,45 @@ def diagnose_worker(
     worker: f.WorkerFacts,
     *,
     user_rules: Sequence[UserRule] = (),
+    site_rules: Sequence[SiteRule] = (),
     table: RuleTable | None = None,
     model: TextModel | Literal["packaged"] | None = "packaged",
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Diagnosis:
     """Diagnose one failed (or stuck) worker from its facts alone.
 
-    `model` is the learned fallback: the packaged one by default, another (a fold's, in
-    cross-validation) or None for rules only.
+    `site_rules` are the cluster's regrades (`site.py`); `model` is the learned fallback:
+    the packaged one by default, another (a fold's, in cross-validation) or None for rules
+    only; `unknown` says when its guess is taken (`unknown.py`).
     """
     worker = admitted(worker)
-    rule_table = table if table is not None else default_rule_table()
-    text_model = packaged_model() if model == "packaged" else model
-    texts = _texts(worker, rule_table)
-    hit = _first_hit(worker, rule_table, user_rules, texts, text_model)
+    hits = ranked_hits(
+        worker,
+        user_rules=user_rules,
+        site_rules=site_rules,
+        table=table,
+        model=model,
+        unknown=unknown,
+    )
+    return diagnosis_of(worker, next(hits))
+
+
+def diagnosis_of(worker: f.WorkerFacts, hit: Hit) -> Diagnosis:
+    """The diagnosis a hit makes of the (admitted) worker."""
     rule, verdict, evidence = hit.rule, hit.verdict, hit.evidence
     chain: list[ChainLink] = []
     if hit.from_node:
         chain.append(ChainLink(evidence[0].detail, code=verdict.code))
         if worker.exit_code is not None:
-            chain.append(ChainLink(f"died ({_exit_text(worker)})", worker.worker_index))
+            chain.append(ChainLink(f"died ({exit_text(worker)})", worker.worker_index))
         elif worker.node is not None:
             chain.append(ChainLink("was lost with its node", worker.worker_index))
     else:
         chain.append(ChainLink(verdict.summary, worker.worker_index, verdict.code))
     step = worker.step
-    if step is None and texts.trainer is not None:
-        step = texts.trainer.step
+    trainer = contract.parse_termination_message(worker.message)
+    if step is None and trainer is not None:
+        step = trainer.step
     return Diagnosis(
         failure_class=verdict.failure_class,
         code=verdict.code,
@@ -408,7 +382,7 @@ def diagnose_worker(
         evidence=evidence,
         action=verdict.action or DEFAULT_ACTIONS[verdict.failure_class],
         advice=verdict.advice,
-        signature=signature_of(verdict.code, rule, evidence),
+        signature=hit.signature or signature_of(verdict.code, rule, evidence),
         root_worker=worker.worker_index,
         consequence=verdict.consequence,
         step=step,

@@ -19,8 +19,9 @@ from typing import Literal
 from tpujob.diagnosis.engine import diagnose_worker
 from tpujob.diagnosis.facts import REASON_OOM_KILLED, WorkerFacts
 from tpujob.diagnosis.linear import compile_linear
-from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass
+from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass, FailureCode, Source
 from tpujob.diagnosis.textmodel import TextModel, model_input
+from tpujob.diagnosis.unknown import CHOSEN, UnknownPolicy
 
 CLASSES = tuple(FailureClass)
 _CONFIDENCE_RANK = {Confidence.LOW: 0, Confidence.MEDIUM: 1, Confidence.HIGH: 2}
@@ -76,16 +77,35 @@ class Report:
     accuracy: float
     fatal_retried: int  # fatal reports given a retrying class
     retryable_failed: int  # retryable reports classified fatal
+    unmatched: int = 0  # no rule, catalogue or exception entry named it (model or default)
+    defaulted: int = 0  # nothing decided but the named default
 
     @property
     def n(self) -> int:
         return len(self.scored)
 
     @property
+    def retryable(self) -> int:
+        return sum(s.entry.label is not FailureClass.FATAL for s in self.scored)
+
+    @property
+    def unknown_rate(self) -> float:
+        """Share of reports no mechanism named (the text model or the default graded)."""
+        return self.unmatched / self.n if self.n else 0.0
+
+    @property
+    def retryable_failed_share(self) -> float:
+        """Share of retryable reports graded fatal: runs that would be wrongly ended."""
+        return self.retryable_failed / self.retryable if self.retryable else 0.0
+
+    @property
     def summary_line(self) -> str:
         return (
             f"accuracy={self.accuracy:.3f} n={self.n}"
             f" fatal_retried={self.fatal_retried} retryable_failed={self.retryable_failed}"
+            f" retryable_failed_share={self.retryable_failed_share:.3f}"
+            f" unknown_rate={self.unknown_rate:.3f}"
+            f" default_rate={self.defaulted / self.n if self.n else 0.0:.3f}"
         )
 
 
@@ -160,6 +180,10 @@ def score(scored: Sequence[Scored]) -> Report:
         accuracy=correct / len(scored) if scored else 0.0,
         fatal_retried=sum(confusion[fatal][p] for p in CLASSES if p is not fatal),
         retryable_failed=sum(confusion[e][fatal] for e in CLASSES if e is not fatal),
+        unmatched=sum(s.diagnosis.code is FailureCode.UNKNOWN for s in scored),
+        defaulted=sum(
+            any(e.source is Source.DEFAULT for e in s.diagnosis.evidence) for s in scored
+        ),
     )
 
 
@@ -169,9 +193,12 @@ def _kept(entries: Sequence[CorpusEntry], min_confidence: Confidence) -> list[Co
 
 
 def diagnose_entry(
-    entry: CorpusEntry, model: TextModel | Literal["packaged"] | None = "packaged"
+    entry: CorpusEntry,
+    model: TextModel | Literal["packaged"] | None = "packaged",
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Diagnosis:
-    return diagnose_worker(facts_from_report(entry.text, entry.context), model=model)
+    facts = facts_from_report(entry.text, entry.context)
+    return diagnose_worker(facts, model=model, unknown=unknown)
 
 
 def evaluate(
@@ -206,6 +233,7 @@ def cross_validate(
     *,
     folds: int = DEFAULT_FOLDS,
     min_confidence: Confidence = Confidence.LOW,
+    unknown: UnknownPolicy = CHOSEN,
 ) -> Report:
     """Grouped cross-validation: each fold's entries are diagnosed by a model fit without it.
 
@@ -218,7 +246,7 @@ def cross_validate(
         train = [e for e in entries if e.repository not in fold]
         model = fit([model_text(e) for e in train], [e.label for e in train])
         held = [e for e in _kept(entries, min_confidence) if e.repository in fold]
-        scored.extend(Scored(e, diagnose_entry(e, model)) for e in held)
+        scored.extend(Scored(e, diagnose_entry(e, model, unknown)) for e in held)
     order = {e.id: i for i, e in enumerate(entries)}
     return score(sorted(scored, key=lambda s: order[s.entry.id]))
 

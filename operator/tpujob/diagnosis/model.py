@@ -58,6 +58,7 @@ class FailureCode(enum.StrEnum):
     NODE_LOST = "NODE_LOST"
     TPU_UNHEALTHY = "TPU_UNHEALTHY"
     ACCELERATOR_HARDWARE_ERROR = "ACCELERATOR_HARDWARE_ERROR"
+    HOST_HARDWARE_ERROR = "HOST_HARDWARE_ERROR"
     INTERCONNECT_FAULT = "INTERCONNECT_FAULT"
     MAINTENANCE = "MAINTENANCE"
     EVICTED = "EVICTED"
@@ -83,6 +84,7 @@ class Source(enum.StrEnum):
     """Where a piece of evidence came from."""
 
     USER_RULE = "user-rule"
+    SITE_RULE = "site-rule"
     NODE = "node"
     POD = "pod"
     SCHEDULER = "scheduler"

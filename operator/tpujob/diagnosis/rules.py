@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -130,6 +130,8 @@ class RuleTable:
     exit_rules: tuple[ExitRule, ...]
     default_name: str
     default: Verdict
+    # The catalogues' regex entries (`catalogue.py`), tried after `text_rules`.
+    catalogue_rules: tuple[TextRule, ...] = ()
     # Every literal the text rules' pre-checks ask for, scanned for in one pass per text.
     literals: LiteralSet = field(default_factory=lambda: LiteralSet(()), compare=False, repr=False)
 
@@ -193,7 +195,8 @@ def user_pattern(pattern: str, where: str) -> Pattern:
         raise RuleTableError(str(UnsafePatternError(where, pattern, error.reason))) from error
 
 
-def _verdict(entry: Mapping[str, Any], where: str) -> Verdict:
+def parse_verdict(entry: Mapping[str, Any], where: str) -> Verdict:
+    """The verdict keys of a rule or catalogue entry, validated."""
     try:
         return Verdict(
             failure_class=FailureClass(entry["class"]),
@@ -240,7 +243,7 @@ def parse_rule_table(data: Any) -> RuleTable:
             NodeRule(
                 str(entry["name"]),
                 frozenset(NodeSignal(s) for s in entry["signals"]),
-                _verdict(entry, where),
+                parse_verdict(entry, where),
             )
             for where, entry in _entries(data, "node_rules")
         )
@@ -250,7 +253,7 @@ def parse_rule_table(data: Any) -> RuleTable:
                 frozenset(str(r) for r in entry.get("reasons", ())),
                 frozenset(int(s) for s in entry.get("signals", ())),
                 frozenset(int(c) for c in entry.get("exit_codes", ())),
-                _verdict(entry, where),
+                parse_verdict(entry, where),
             )
             for where, entry in _entries(data, "exit_rules")
         )
@@ -265,7 +268,7 @@ def parse_rule_table(data: Any) -> RuleTable:
             _patterns(entry, "also", where),
             _patterns(entry, "context", where),
             _patterns(entry, "unless", where),
-            _verdict(entry, where),
+            parse_verdict(entry, where),
         )
         for where, entry in _entries(data, "text_rules")
     )
@@ -278,13 +281,8 @@ def parse_rule_table(data: Any) -> RuleTable:
         text_rules=text_rules,
         exit_rules=exit_rules,
         default_name=str(default.get("name", "default")),
-        default=_verdict(default, "default"),
-        literals=LiteralSet(
-            literal
-            for rule in text_rules
-            for pattern in (*rule.any, *rule.also, *rule.context, *rule.unless)
-            for literal in pattern.literals or ()
-        ),
+        default=parse_verdict(default, "default"),
+        literals=_literals(text_rules),
     )
 
 
@@ -293,6 +291,22 @@ def default_rule_table() -> RuleTable:
     """The packaged table, read and validated once (it is immutable, so sharing is safe)."""
     text = resources.files("tpujob.diagnosis").joinpath(TABLE_RESOURCE).read_text("utf-8")
     return parse_rule_table(yaml.safe_load(text))
+
+
+def _literals(rules: Sequence[TextRule]) -> LiteralSet:
+    return LiteralSet(
+        literal
+        for rule in rules
+        for pattern in (*rule.any, *rule.also, *rule.context, *rule.unless)
+        for literal in pattern.literals or ()
+    )
+
+
+def with_catalogue_rules(table: RuleTable, rules: Sequence[TextRule]) -> RuleTable:
+    """The table with the catalogues' regex entries after its own text rules, every
+    literal of both scanned for in the one pass per text."""
+    extra = tuple(rules)
+    return replace(table, catalogue_rules=extra, literals=_literals((*table.text_rules, *extra)))
 
 
 def first_line_match(patterns: Sequence[Pattern], haystack: Haystack) -> Match | None:

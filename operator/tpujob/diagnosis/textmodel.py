@@ -157,6 +157,25 @@ class TextModel:
         best = max(self.classes, key=lambda c: probabilities[c])
         return Prediction(best, probabilities[best], probabilities)
 
+    def contributions(self, text: str, cls: FailureClass) -> list[tuple[str, float]]:
+        """The present features' pull towards `cls` (its weight less the mean of the others'),
+        strongest first: what made the model say it."""
+        columns = sorted({self.index[f]: f for f in features(text) if f in self.index}.items())
+        if not columns:
+            return []
+        scale = 1.0 / math.sqrt(len(columns))
+        row = self.classes.index(cls)
+        others = [r for r in range(len(self.classes)) if r != row]
+        pulls = [
+            (
+                name,
+                scale
+                * (self.weights[row][c] - sum(self.weights[o][c] for o in others) / len(others)),
+            )
+            for c, name in columns
+        ]
+        return sorted(pulls, key=lambda p: (-p[1], p[0]))
+
     def as_dict(self) -> dict[str, Any]:
         names = sorted(self.index, key=self.index.__getitem__)
         return {

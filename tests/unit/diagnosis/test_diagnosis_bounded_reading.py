@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpujob.diagnosis import FailureClass, Source, WorkerFacts, diagnose_worker, engine, textmodel
+from tpujob.diagnosis import FailureClass, Source, WorkerFacts, diagnose_worker, textmodel, texts
 from tpujob.diagnosis.evaluate import facts_from_report, model_text, parse_corpus
 from tpujob.diagnosis.linear import compile_linear, replace_all
 from tpujob.diagnosis.textmodel import (
@@ -69,8 +69,8 @@ def test_a_rule_phrase_anywhere_in_the_bounded_tail_is_found() -> None:
     # The rules read the whole bounded tail, not the model's few KB: a node's Event at the
     # start of the last 64 KB still decides.
     event = "Warning NodeNotReady pod/w-0 Node is not ready\n"
-    log = event + _chatter(engine.MAX_LOG_CHARS - len(event) - 100)
-    assert len(log) <= engine.MAX_LOG_CHARS
+    log = event + _chatter(texts.MAX_LOG_CHARS - len(event) - 100)
+    assert len(log) <= texts.MAX_LOG_CHARS
     diagnosis = diagnose_worker(WorkerFacts(exit_code=1, log_tail=log))
     assert diagnosis.failure_class is FailureClass.HARD
     assert diagnosis.evidence[0].detail == event.strip()

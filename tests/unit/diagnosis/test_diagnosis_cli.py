@@ -56,7 +56,24 @@ def test_eval_prints_scores_confusion_and_final_line(tmp_path: Path) -> None:
     assert status == 0
     assert "precision" in out and "confusion" in out
     assert "miss c" in out
-    assert out.strip().splitlines()[-1] == ("accuracy=0.667 n=3 fatal_retried=1 retryable_failed=0")
+    assert out.strip().splitlines()[-1] == (
+        "accuracy=0.667 n=3 fatal_retried=1 retryable_failed=0 retryable_failed_share=0.000"
+        " unknown_rate=0.000 default_rate=0.000"
+    )
+
+
+def test_eval_counts_reports_no_mechanism_named_as_unknown(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    rows = [
+        {"id": "a", "text": "Connection closed by peer", "context": "", "label": "soft"},
+        {"id": "b", "text": "zzz qqq", "context": "", "label": "medium"},
+        {"id": "c", "text": "TypeError: x", "context": "", "label": "soft"},
+        {"id": "d", "text": "ImportError: no module x", "context": "", "label": "fatal"},
+    ]
+    corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    _, out = run(["--eval", str(corpus)])
+    last = dict(part.split("=") for part in out.strip().splitlines()[-1].split())
+    assert (last["unknown_rate"], last["retryable_failed_share"]) == ("0.250", "0.333")
 
 
 @pytest.mark.parametrize("content", ["not json\n", '{"text": "x"}\n'], ids=["not-json", "no-label"])
