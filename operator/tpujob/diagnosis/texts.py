@@ -11,7 +11,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from tpujob import contract
+from tpujob.api import contract
 from tpujob.diagnosis import facts as f
 from tpujob.diagnosis.model import Evidence, Source
 from tpujob.diagnosis.rules import Haystack, Pattern, RuleTable, first_line_match, matched_line
