@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("local", "tpujob.local.cli"),
     ("diagnose", "tpujob.diagnosis.cli"),
+    ("regrade", "tpujob.regrade"),
     ("operator", "tpujob.controller.main"),
     ("crd", "tpujob.crdgen"),
     ("get", "tpujob.console"),

@@ -200,8 +200,11 @@ def wait_for(check: Callable[[], Any], *, timeout: float, what: str, interval: f
 def operator(
     cluster: LocalCluster, crds_installed: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
-    from tests.e2e.operator_fixture import OperatorProcess
+    from tests.e2e.operator_fixture import OPERATOR_HOME, OperatorProcess
 
+    core = client.CoreV1Api(cluster.api_client())
+    with contextlib.suppress(client.ApiException):  # kept from an earlier module's operator
+        core.create_namespace({"metadata": {"name": OPERATOR_HOME}})
     proc = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "log")
     proc.start()
     try:

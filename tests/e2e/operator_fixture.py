@@ -27,9 +27,13 @@ from tpujob.api import GROUP, PLURAL, VERSION
 # Tests wait for a trainer to reach a step before they strike, so progress reaches the status
 # every 2 s here (users get the default, 15 s). Jobs in namespaces named test-trusted-* (tests
 # whose names start with test_trusted_) may taint a node by their own history.
+# The operator's own namespace, where it keeps the node ledger and reads the site rules.
+OPERATOR_HOME = "test-operator-home"
 OPERATOR_ARGS = (
     "--namespace",
     "test-*",
+    "--ledger-namespace",
+    OPERATOR_HOME,
     "--trust-job-history",
     "test-trusted-*",
     "--metrics-port",

@@ -22,6 +22,7 @@ from tpujob.api import Phase, TPUTrainingJob, TPUTrainingJobStatus, parse_job
 from tpujob.controller.metrics import Metrics
 from tpujob.controller.wakeups import JobKey, WakeBook
 from tpujob.diagnosis.memory import NodeLedger
+from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
 from tpujob.kube.cache import CachedView, NodeBook
@@ -231,6 +232,8 @@ class Deps:
     # operator's own namespace so that it survives a restart; in memory only without one.
     ledger: NodeLedger = field(default_factory=NodeLedger)
     ledger_namespace: str | None = None
+    # The cluster's site rules, read from a ConfigMap beside the ledger (`sweeps.read_site_rules`).
+    site_rules: tuple[SiteRule, ...] = ()
     ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     reconcile_slots: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS)

@@ -127,6 +127,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         tpu_short_since=deps.tpu_short_since,
         catalogue=deps.catalogue.catalogue if deps.catalogue else None,
         node_blames=ledger_rows(deps),
+        site_rules=deps.site_rules,
         api_reachable_since=deps.api.reachable_since,
     )
     # Most plans keep the placement they had; those plan without the placement lock, so a

@@ -3,6 +3,9 @@ loop that lives as long as the operator and never holds a reconcile.
 
 * `refresh_catalogue`: keeps the optional Cloud TPU zone catalogue fresh (a slow or
   unreachable Cloud TPU API never delays a job);
+* `refresh_site_rules`: reads the cluster's site rules (`tpujob regrade` writes them) from a
+  ConfigMap in the operator's namespace; a set that does not parse is refused whole and the
+  last good one kept;
 * `clear_orphaned_marks`: takes off the marks of lost nodes whose job is gone, once the node
   has been back long enough (`tpujob.plan.marks.orphaned_marks`); only the job that made a
   mark takes it off otherwise, and a job deleted first would leave the node marked forever.
@@ -13,7 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import yaml
+
 from tpujob.controller.deps import Deps
+from tpujob.diagnosis.site import (
+    SITE_RULES_CONFIGMAP,
+    SITE_RULES_KEY,
+    SiteRulesError,
+    parse_site_rules,
+)
 from tpujob.kube.errors import KubeError
 from tpujob.plan.marks import orphaned_marks
 
@@ -21,6 +32,8 @@ log = logging.getLogger("tpujob.controller.sweeps")
 # Nodes come back over minutes (`lost_node_return_seconds`, 300 s): a minute late is nothing,
 # and each sweep reads only the cache.
 ORPHAN_SWEEP_SECONDS = 60.0
+# A regrade takes effect within this long in every job's next failure.
+SITE_RULES_REFRESH_SECONDS = 15.0
 
 
 async def refresh_catalogue(deps: Deps) -> None:
@@ -31,6 +44,32 @@ async def refresh_catalogue(deps: Deps) -> None:
     while True:
         await deps.run(source.refresh)
         await asyncio.sleep(deps.catalogue_refresh_seconds)
+
+
+async def refresh_site_rules(deps: Deps) -> None:
+    """Read the site rules every `SITE_RULES_REFRESH_SECONDS`, for as long as the operator runs."""
+    while True:
+        await read_site_rules(deps)
+        await asyncio.sleep(SITE_RULES_REFRESH_SECONDS)
+
+
+async def read_site_rules(deps: Deps) -> None:
+    """One read: the rules in force from now on. No ConfigMap, or no operator namespace, is
+    no rule; one that cannot be read or parsed leaves the last good set in force."""
+    namespace = deps.ledger_namespace
+    if namespace is None:
+        return
+    try:
+        data = await deps.run(deps.reader.config_data, namespace, SITE_RULES_CONFIGMAP)
+        rules = parse_site_rules(yaml.safe_load(data.get(SITE_RULES_KEY) or ""))
+    except (KubeError, yaml.YAMLError, SiteRulesError) as err:
+        log.warning(
+            "site rules %s/%s not read, the last set kept: %s", namespace, SITE_RULES_CONFIGMAP, err
+        )
+        return
+    if rules != deps.site_rules:
+        log.info("site rules: %d in force", len(rules))
+    deps.site_rules = rules
 
 
 async def clear_orphaned_marks(deps: Deps) -> None:

@@ -39,6 +39,10 @@ from tpujob.diagnosis.model import FailureClass, FailureCode
 from tpujob.diagnosis.rules import Pattern, RuleTableError, user_pattern
 
 SITE_FORMAT_VERSION = 1
+# Where the operator keeps the set (`tpujob regrade` writes it): a ConfigMap in its own
+# namespace, editable only by who may edit ConfigMaps there (the cluster's administrators).
+SITE_RULES_CONFIGMAP = "tpujob-site-rules"
+SITE_RULES_KEY = "rules.yaml"
 _KEYS = {
     "name",
     "class",

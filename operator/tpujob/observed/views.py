@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpujob.api import TPUTrainingJob, contract, labels
+from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.catalogue import Catalogue
 
 
@@ -290,6 +291,8 @@ class Observed:
     # The node ledger's rows, (node, "namespace/job", seconds since the epoch): soft blames
     # of nodes by all the operator's jobs (`tpujob.plan.node_ledger`).
     node_blames: tuple[tuple[str, str, float], ...] = ()
+    # The cluster's site rules (`tpujob.diagnosis.site`), as the operator last read them.
+    site_rules: tuple[SiteRule, ...] = ()
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

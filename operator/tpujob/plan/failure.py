@@ -104,6 +104,7 @@ def handle_failure(
     d = dx.diagnose_job(
         trouble.facts,
         user_rules=user_rules(job.spec.recovery.rules),
+        site_rules=obs.site_rules,
         history=history,
         unknown_retry_limit=settings.unknown_retry_limit,
     )
