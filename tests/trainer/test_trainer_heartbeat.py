@@ -21,6 +21,7 @@ from tpujob_trainer.contract import (
 )
 from tpujob_trainer.heartbeat import Heartbeat, Progress
 from tpujob_trainer.runtime import Loop
+from tpujob_trainer.step_driver import StepDriver
 
 pytestmark = pytest.mark.trainer
 
@@ -174,18 +175,38 @@ def test_stop_publishes_the_last_step_even_within_the_interval() -> None:
     assert [p[2]["metadata"]["annotations"][HEARTBEAT_STEP] for p in client.patches] == ["49", "50"]
 
 
+class PendingSaves:
+    """A saver whose saves commit only when closed (orbax's async saves, at their slowest)."""
+
+    def __init__(self, committed: int) -> None:
+        self.committed, self.started = committed, committed
+
+    def save(self, step: int, state: Any) -> bool:
+        self.started = step
+        return True
+
+    def committed_step(self) -> int | None:
+        return self.committed
+
+    def wait(self) -> int | None:
+        self.committed = self.started
+        return self.committed
+
+    def close(self) -> int | None:
+        return self.wait()
+
+
 def test_the_last_renewal_names_the_checkpoint_committed_after_the_last_step() -> None:
     """The final save commits after the last step was published (saves are asynchronous);
     stopping a loop's heartbeat publishes that step again with it."""
     client, clock = RecordingLeases(), FakeClock()
     heartbeat = make(client, clock)
     loop = Loop(load_config(["--steps", "50"], {}))
-    loop.context = replace(loop.context, checkpoint_step=40)
-    loop.publish(heartbeat, 50, 0.25)
+    driver = StepDriver(loop, saver=PendingSaves(committed=40), heartbeat=heartbeat)
+    driver.after(50, 0.25, "state", stop=lambda: False)
     heartbeat.renew_if_due()
-    loop.context = replace(loop.context, checkpoint_step=50)
     clock.now += 0.1
-    loop.stop_heartbeat(heartbeat)
+    driver.finish()
     notes = [p[2]["metadata"]["annotations"] for p in client.patches]
     assert [(n[HEARTBEAT_STEP], n[HEARTBEAT_CHECKPOINT_STEP]) for n in notes] == [
         ("50", "40"),

@@ -9,18 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.failures import FailureContext
-from tpujob_trainer.faults import Fault, due, restore_error_from
+from tpujob_trainer.faults import restore_error_from
 from tpujob_trainer.fencing import SaveGate
-from tpujob_trainer.health import Health
-from tpujob_trainer.heartbeat import Heartbeat, KubernetesLeaseClient, Progress
-from tpujob_trainer.inject import inject
+from tpujob_trainer.heartbeat import Heartbeat, KubernetesLeaseClient
 from tpujob_trainer.preflight import check_devices, probe_jax
 
 if TYPE_CHECKING:
@@ -33,80 +29,19 @@ class Loop:
     """What every training loop keeps: its config, how far it got, and the SIGTERM flag.
 
     `context` always says how far the run got, so a failure's termination message carries the
-    step and the committed checkpoint step. Install `on_sigterm` as the SIGTERM handler.
+    step and the committed checkpoint step (`step_driver.StepDriver` keeps it up to date while
+    stepping). Install `on_sigterm` as the SIGTERM handler.
     """
 
     def __init__(self, config: TrainerConfig) -> None:
         self.config = config
         self.context = FailureContext(worker=config.process_id)
         self.stop_requested = threading.Event()
-        self.rate = 0.0
-        self._rate_window = (time.monotonic(), 0)
-        self._published: Progress | None = None
 
     def on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         """Only async-signal-safe work here; the loop saves and stops after the current step."""
         self.stop_requested.set()
         os.write(2, f"tpujob-trainer: received signal {signum}, saving and stopping\n".encode())
-
-    def begin(self, start: int) -> None:
-        """Log the steps about to be trained and start timing them."""
-        cfg = self.config
-        log.info("training steps %d..%d, global batch %d", start + 1, cfg.steps, cfg.batch_size)
-        self._rate_window = (time.monotonic(), 0)
-
-    def fault_before(self, step: int, backend: str) -> Fault | None:
-        """The one-shot fault due before `step`, made to happen; the shape and NaN faults are
-        returned for the loop to apply to its own batch."""
-        cfg = self.config
-        fault = due(cfg.faults, step=step, worker=cfg.process_id, attempt=cfg.attempt)
-        if fault is not None:
-            inject(fault, step, backend)
-        return fault
-
-    def log_progress(self, step: int, loss: float, stopping: bool) -> None:
-        """Count `step`; every `log_every` steps, at the end and on a stop, log the progress line
-        the operator reads from the log tail and update `rate` (steps per second)."""
-        started, steps = self._rate_window
-        steps += 1
-        if step % self.config.log_every == 0 or step == self.config.steps or stopping:
-            elapsed = time.monotonic() - started
-            self.rate = steps / elapsed if elapsed > 0 else 0.0
-            log.info(
-                "step %d/%d loss=%.8f steps_per_s=%.2f", step, self.config.steps, loss, self.rate
-            )
-            started, steps = time.monotonic(), 0
-        self._rate_window = (started, steps)
-
-    def publish(
-        self, heartbeat: Heartbeat | None, step: int, loss: float, health: Health | None = None
-    ) -> None:
-        """Hand `step`'s numbers to the heartbeat (worker 0's; None elsewhere)."""
-        if heartbeat is not None:
-            self._published = Progress(
-                step,
-                self.config.steps,
-                loss,
-                self.rate,
-                self.context.checkpoint_step,
-                self.config.attempt,
-                health,
-                rejoins=self.config.rejoins,
-            )
-            heartbeat.progress(self._published)
-
-    def stop_heartbeat(self, heartbeat: Heartbeat | None) -> None:
-        """Publish the last step again with the checkpoint committed since, then stop.
-
-        The final save commits after the last step was published (saves are asynchronous),
-        so without this the job's status would name the checkpoint before it.
-        """
-        if heartbeat is None:
-            return
-        last = self._published
-        if last is not None and last.checkpoint_step != self.context.checkpoint_step:
-            heartbeat.progress(replace(last, checkpoint_step=self.context.checkpoint_step))
-        heartbeat.stop()
 
 
 def join(config: TrainerConfig) -> None:

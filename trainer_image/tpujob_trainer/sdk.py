@@ -31,16 +31,15 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, NoReturn, Self, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar
 
 import numpy as np
 
 from tpujob_trainer import runtime
-from tpujob_trainer.collectives import gather_floats, gather_ints
+from tpujob_trainer.collectives import gather_ints
 from tpujob_trainer.config import TrainerConfig, load_loop_config
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import (
@@ -50,18 +49,12 @@ from tpujob_trainer.failures import (
     report_exception,
     write_termination_message,
 )
-from tpujob_trainer.faults import (
-    LEAK_BYTES,
-    SLOW_INPUT_SECONDS,
-    STRAGGLE_SECONDS,
-    FaultKind,
-    due,
-    lasting,
-)
-from tpujob_trainer.health import Health, StepTiming, StepWindow, from_rows, rss_bytes
-from tpujob_trainer.inject import inject
-from tpujob_trainer.loss_guard import LossGuard, NonFiniteLossError
-from tpujob_trainer.rollback import data_index
+from tpujob_trainer.faults import Fault, FaultKind
+from tpujob_trainer.loss_guard import LossGuard
+from tpujob_trainer.step_driver import StepDriver
+
+if TYPE_CHECKING:
+    from tpujob_trainer.checkpointing import Checkpoints
 
 log = logging.getLogger("tpujob_trainer.sdk")
 
@@ -106,14 +99,13 @@ class Job(runtime.Loop):
     def __init__(self, config: TrainerConfig, *, guard: LossGuard | None = None) -> None:
         super().__init__(config)
         self._guard = guard or LossGuard()
-        self._window = StepWindow()
-        self._leaked: list[np.ndarray] = []
-        self._checkpoints: Any = None
-        self._heartbeat: Any = None
-        self._health: Health | None = None
-        self._step_started = 0.0
-        self._data_wait = 0.0
-        self.stopping = False
+        self._checkpoints: Checkpoints | None = None
+        self._driver: StepDriver | None = None
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the job agreed to stop after the step just done (a SIGTERM)."""
+        return self._driver is not None and self._driver.stopping
 
     @classmethod
     def from_env(
@@ -157,7 +149,14 @@ class Job(runtime.Loop):
             self._checkpoints = runtime.open_checkpoints(
                 self.config, runtime.save_gate(self.config, client)
             )
-            self._heartbeat = runtime.heartbeat(self.config, client)
+            self._driver = StepDriver(
+                self,
+                saver=self._checkpoints,
+                heartbeat=runtime.heartbeat(self.config, client),
+                guard=self._guard,
+                read_loss=_host_float,
+                health=True,
+            )
         except BaseException as error:
             self._fail(error)
         return self
@@ -208,88 +207,31 @@ class Job(runtime.Loop):
         self, start: int, make_batch: Callable[[int], Batch]
     ) -> Iterator[tuple[int, Batch]]:
         """`(step, batch)` from `start + 1` to the last step, until a SIGTERM stop."""
-        cfg = self.config
-        for step in range(start + 1, cfg.steps + 1):
-            if self.stopping:
-                return
-            fault = due(cfg.faults, step=step, worker=cfg.process_id, attempt=cfg.attempt)
-            if fault is not None and fault.kind is not FaultKind.NAN:
-                inject(fault, step, self.context.backend or "cpu")
-            self._step_started = time.monotonic()
-            if lasting(
-                cfg.faults,
-                FaultKind.SLOW_INPUT,
-                step=step,
-                worker=cfg.process_id,
-                attempt=cfg.attempt,
-            ):
-                time.sleep(SLOW_INPUT_SECONDS)
-            batch = make_batch(data_index(step, cfg.skip_windows))
-            if fault is not None and fault.kind is FaultKind.NAN:
-                batch = _poisoned(batch)
-            self._data_wait = time.monotonic() - self._step_started
-            yield step, batch
+        driver = self._stepping()
+
+        def make(index: int, fault: Fault | None) -> Batch:
+            batch = make_batch(index)
+            return _poisoned(batch) if fault is not None and fault.kind is FaultKind.NAN else batch
+
+        for step in driver.steps(start):
+            yield step, driver.batch(step, make)
 
     def step_done(self, step: int, loss: Any, state: Any) -> None:
         """Account for `step`: check the loss, heartbeat, health, save when due or stopping."""
-        cfg = self.config
-        on = {"step": step, "worker": cfg.process_id, "attempt": cfg.attempt}
-        if lasting(cfg.faults, FaultKind.STRAGGLE, **on):
-            time.sleep(STRAGGLE_SECONDS)
-        if lasting(cfg.faults, FaultKind.LEAK, **on):
-            self._leaked.append(np.ones(LEAK_BYTES, np.uint8))  # written, so really resident
-        host_done = time.monotonic()
-        loss_value = _host_float(loss)  # blocks until the device finished the step
-        now = time.monotonic()
-        wall = now - self._step_started
-        host = max(0.0, wall - (now - host_done) - self._data_wait)
-        self._window.record(StepTiming(self._data_wait, host, wall))
-        self.context = replace(self.context, step=step)
-        try:
-            self._guard.check(step, loss_value)
-        except NonFiniteLossError:
-            # Every worker sees the same (replicated) loss and stops here, so waiting for the
-            # pending save is safe; the rollback needs the newest committed step before the NaN.
-            self._settle_checkpoints()
-            raise
-        self.stopping = any(row[0] for row in gather_ints([int(self.stop_requested.is_set())]))
-        if step % cfg.health_every == 0:
-            rows = gather_floats(self._window.row(rss_bytes()))
-            self._health = from_rows(step, rows)
-            if cfg.process_id == 0:
-                log.info(
-                    "health step=%d input_bound=%.3f worker_step_s=%s rss_mib=%s",
-                    step,
-                    self._health.input_bound_fraction,
-                    ",".join(f"{v:.3f}" for v in self._health.worker_step_seconds),
-                    ",".join(str(v >> 20) for v in self._health.worker_rss_bytes),
-                )
-        self.log_progress(step, loss_value, self.stopping)
-        due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or self.stopping
-        if self._checkpoints is not None and due_to_save:
-            if self._checkpoints.save(step, state):
-                log.info("saving step %d", step)
-            if self.stopping:
-                self._checkpoints.wait()
-        if self._checkpoints is not None:
-            committed = self._checkpoints.committed_step()
-            if committed is not None:
-                self.context = replace(self.context, checkpoint_step=committed)
-        self.publish(self._heartbeat, step, loss_value, self._health)
+        self._stepping().after(step, loss, state, stop=self._agreed_stop)
 
-    def _settle_checkpoints(self) -> None:
-        if self._checkpoints is not None:
-            committed = self._checkpoints.wait()
-            if committed is not None:
-                self.context = replace(self.context, checkpoint_step=committed)
+    def _agreed_stop(self) -> bool:
+        """Whether any worker got a SIGTERM: one tiny all-gather, so all stop at this step."""
+        return any(row[0] for row in gather_ints([int(self.stop_requested.is_set())]))
+
+    def _stepping(self) -> StepDriver:
+        if self._driver is None:
+            raise RuntimeError("a tpujob Job steps only inside its `with` block")
+        return self._driver
 
     def _finish(self) -> None:
-        if self._checkpoints is not None:
-            committed = self._checkpoints.close()
-            if committed is not None:
-                self.context = replace(self.context, checkpoint_step=committed)
-            log.info("checkpoint step %s committed", self.context.checkpoint_step)
-        self.stop_heartbeat(self._heartbeat)
+        if self._driver is not None:
+            self._driver.finish()
 
     def _fail(self, error: BaseException) -> NoReturn:
         """The failure contract: message, stderr, and an exit that skips JAX's barriers."""

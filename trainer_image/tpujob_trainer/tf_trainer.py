@@ -22,21 +22,19 @@ import errno
 import logging
 import os
 import signal
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tpujob_trainer import runtime
 from tpujob_trainer.contract import ExitCode
-from tpujob_trainer.data import IN_FEATURES, make_batch
+from tpujob_trainer.data import IN_FEATURES, Batch, make_batch
 from tpujob_trainer.failures import TrainerError
-from tpujob_trainer.faults import FaultKind, restore_error_from
+from tpujob_trainer.faults import Fault, FaultKind, restore_error_from
 from tpujob_trainer.fencing import SaveGate
-from tpujob_trainer.loss_guard import LossGuard
 from tpujob_trainer.preflight import DeviceProbe, check_devices
 from tpujob_trainer.restore_policy import ReadFailed, ReadFailure, RetryPolicy, read_with_retries
-from tpujob_trainer.rollback import data_index
+from tpujob_trainer.step_driver import StepDriver
 
 log = logging.getLogger("tpujob_trainer.tensorflow")
 
@@ -206,8 +204,16 @@ class TensorFlowTrainer(runtime.Loop):
                 log.info("resumed from step %d", start)
         else:
             log.warning("no checkpoint directory: progress is lost if this process stops")
-        saver = manager if cfg.process_id == 0 else None
-        heartbeat = runtime.heartbeat(cfg, client)
+        driver = StepDriver(
+            self,
+            # Only worker 0 saves (see the module docstring).
+            saver=(
+                _KerasCheckpoints(manager, gate)
+                if manager is not None and cfg.process_id == 0
+                else None
+            ),
+            heartbeat=runtime.heartbeat(cfg, client),
+        )
 
         def replica_step(x: Any, y: Any) -> Any:
             with tf.GradientTape() as tape:
@@ -222,36 +228,51 @@ class TensorFlowTrainer(runtime.Loop):
 
         train_step = tf.function(eager_step)
 
-        guard = LossGuard()
-        step, outcome = start, ExitCode.OK
-        self.begin(start)
-        while step < cfg.steps:
-            fault = self.fault_before(step + 1, backend)
+        def make(index: int, fault: Fault | None) -> Batch:
             features = IN_FEATURES + (fault is not None and fault.kind is FaultKind.SHAPE)
-            batch = make_batch(
-                cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size, features
-            )
+            batch = make_batch(cfg.seed, index, cfg.batch_size, features)
             if fault is not None and fault.kind is FaultKind.NAN:
                 batch.x[0, 0] = float("nan")  # the real loss of this step becomes NaN
-            loss = float(train_step(tf.constant(batch.x), tf.constant(batch.y)))
-            step += 1
+            return batch
+
+        for step in driver.steps(start, global_batch=cfg.batch_size):
+            batch = driver.batch(step, make)
+            loss = train_step(tf.constant(batch.x), tf.constant(batch.y))
             step_var.assign(step)
-            self.context = replace(self.context, step=step)
-            # Saves are synchronous here, so the last committed step is already in the context.
-            guard.check(step, loss)
-            if cfg.step_time:
-                time.sleep(cfg.step_time)
-            stopping = self.stop_requested.is_set()
-            self.log_progress(step, loss, stopping)
-            due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or stopping
-            if saver is not None and due_to_save and (gate is None or gate.authorize(step)):
-                saver.save(checkpoint_number=step)
-                self.context = replace(self.context, checkpoint_step=step)
-                log.info("saving step %d", step)
-            self.publish(heartbeat, step, loss)
-            if stopping:
-                outcome = ExitCode.PREEMPTED
-                break
-        self.stop_heartbeat(heartbeat)
-        log.info("checkpoint step %s committed", self.context.checkpoint_step)
-        return outcome
+            # No collective between workers (see the module docstring): each stops on its own.
+            driver.after(step, loss, checkpoint, stop=self.stop_requested.is_set)
+        driver.finish()
+        return ExitCode.PREEMPTED if driver.stopping else ExitCode.OK
+
+
+class _KerasCheckpoints:
+    """Worker 0's `tf.train.CheckpointManager` as the step driver's saver, fenced by `gate`.
+
+    Saves are synchronous (a save has committed when it returns), so waiting is immediate.
+    The state saved is the one the manager's `tf.train.Checkpoint` tracks.
+    """
+
+    def __init__(self, manager: Any, gate: SaveGate | None) -> None:
+        self._manager = manager
+        self._gate = gate
+        self._committed: int | None = None
+
+    def save(self, step: int, state: Any) -> bool:
+        """Save `step` when fencing allows (the gate agrees with this worker alone)."""
+        if self._gate is not None and not self._gate.authorize(step):
+            return False
+        self._manager.save(checkpoint_number=step)
+        self._committed = step
+        return True
+
+    def committed_step(self) -> int | None:
+        """The step last saved in this run (None before any)."""
+        return self._committed
+
+    def wait(self) -> int | None:
+        """The step last saved: nothing is pending."""
+        return self._committed
+
+    def close(self) -> int | None:
+        """The step last saved; the manager holds no threads to release."""
+        return self._committed

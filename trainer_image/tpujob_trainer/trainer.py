@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from dataclasses import replace
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from tpujob_trainer import model, runtime
 from tpujob_trainer.contract import ExitCode
-from tpujob_trainer.data import SEQUENCE_LENGTH, make_sequence_batch
-from tpujob_trainer.faults import FaultKind
-from tpujob_trainer.loss_guard import LossGuard, NonFiniteLossError
-from tpujob_trainer.rollback import data_index
+from tpujob_trainer.data import SEQUENCE_LENGTH, SequenceBatch, make_sequence_batch
+from tpujob_trainer.faults import Fault, FaultKind
+from tpujob_trainer.step_driver import StepDriver
 
 log = logging.getLogger("tpujob_trainer")
+
+
+def _agreed(stop: Any) -> bool:
+    """Whether the step's collective carried a SIGTERM flag from any process."""
+    return bool(model.local_value(stop))
 
 
 class Trainer(runtime.Loop):
@@ -59,23 +64,30 @@ class Trainer(runtime.Loop):
                         start,
                     )
                 log.info("resumed from step %d state_digest=%s", start, model.digest(state))
-        heartbeat = runtime.heartbeat(cfg, client)
-        guard = LossGuard()
+        driver = StepDriver(
+            self,
+            saver=checkpoints,
+            heartbeat=runtime.heartbeat(cfg, client),
+            read_loss=lambda loss: float(model.local_value(loss)),
+            digest=model.digest,
+        )
         local_rows = cfg.batch_size // cfg.num_processes
-        first_row = cfg.process_id * local_rows
+        rows = slice(cfg.process_id * local_rows, (cfg.process_id + 1) * local_rows)
         local_devices = len(jax.local_devices())
-        step, outcome = start, ExitCode.OK
-        self.begin(start)
-        while step < cfg.steps:
-            fault = self.fault_before(step + 1, backend)
+
+        def make_batch(index: int, fault: Fault | None) -> SequenceBatch:
             # The shape fault feeds sequences one token longer than the model was built for.
             length = SEQUENCE_LENGTH + (fault is not None and fault.kind is FaultKind.SHAPE)
-            batch = make_sequence_batch(
-                cfg.seed, data_index(step + 1, cfg.skip_windows), cfg.batch_size, length
-            )
+            batch = make_sequence_batch(cfg.seed, index, cfg.batch_size, length)
             if fault is not None and fault.kind is FaultKind.NAN:
                 batch.mask[0, 0] = np.nan  # the real loss of this step becomes NaN
-            rows = slice(first_row, first_row + local_rows)
+            return batch
+
+        step = start
+        for step in driver.steps(start, global_batch=cfg.batch_size):
+            batch = driver.batch(step, make_batch)
+            # The SIGTERM flag rides in the step's own collective, so every process learns
+            # it in the same step and they all stop (and save) after it.
             stop_flags = np.full((local_devices,), int(self.stop_requested.is_set()), np.int32)
             state, loss, stop = train_step(
                 state,
@@ -84,39 +96,9 @@ class Trainer(runtime.Loop):
                 model.shard_global(mesh, batch.mask[rows], cfg.batch_size),
                 model.shard_global(mesh, stop_flags, jax.device_count()),
             )
-            loss_value = float(model.local_value(loss))
-            step += 1
-            self.context = replace(self.context, step=step)
-            # The loss is the same on every process (replicated), so all of them stop here
-            # and may wait for the pending save: the rollback needs the last committed step.
-            try:
-                guard.check(step, loss_value)
-            except NonFiniteLossError:
-                if checkpoints:
-                    committed = checkpoints.wait()
-                    self.context = replace(self.context, checkpoint_step=committed)
-                raise
-            if cfg.step_time:
-                time.sleep(cfg.step_time)
-            stopping = bool(model.local_value(stop))
-            self.log_progress(step, loss_value, stopping)
-            due_to_save = step % cfg.checkpoint_interval == 0 or step == cfg.steps or stopping
-            if checkpoints and due_to_save and checkpoints.save(step, state):
-                log.info("saving step %d state_digest=%s", step, model.digest(state))
-            if checkpoints:
-                committed = checkpoints.committed_step()
-                if committed is not None:
-                    self.context = replace(self.context, checkpoint_step=committed)
-            self.publish(heartbeat, step, loss_value)
-            if stopping:
-                outcome = ExitCode.PREEMPTED
-                break
-        if checkpoints:
-            committed = checkpoints.close()
-            if committed is not None:
-                self.context = replace(self.context, checkpoint_step=committed)
-            log.info("checkpoint step %s committed", self.context.checkpoint_step)
-        self.stop_heartbeat(heartbeat)
-        if outcome is ExitCode.OK:
-            log.info("done step=%d state_digest=%s", step, model.digest(state))
-        return outcome
+            driver.after(step, loss, state, stop=partial(_agreed, stop))
+        driver.finish()
+        if driver.stopping:
+            return ExitCode.PREEMPTED
+        log.info("done step=%d state_digest=%s", step, model.digest(state))
+        return ExitCode.OK
