@@ -25,7 +25,7 @@ from tests.e2e.test_operator_recovery import (
     resumed_from_checkpoint,
     training_job,
 )
-from tests.unit.test_manifests_security import HOSTPATH_CASES
+from tests.unit.plan.test_manifests_security import HOSTPATH_CASES
 
 from tpujob.api import GROUP, PLURAL, VERSION, parse_job
 from tpujob.plan import manifests, pod_security
