@@ -14,7 +14,12 @@ from tests.unit.fakes import FakeReader, RecordingWriter
 
 from tpujob.controller.deps import Deps
 from tpujob.controller.sweeps import read_site_rules
-from tpujob.diagnosis.site import SITE_RULES_CONFIGMAP, SITE_RULES_KEY, SiteRulesError
+from tpujob.diagnosis.site import (
+    SITE_RULES_CONFIGMAP,
+    SITE_RULES_KEY,
+    SiteRulesError,
+    parse_site_rules,
+)
 from tpujob.observed.views import Observed
 from tpujob.plan import plan
 from tpujob.regrade import RegradeError, site_rule, with_rule
@@ -88,6 +93,7 @@ def test_a_site_rule_set_that_does_not_parse_leaves_the_last_good_one_in_force()
     reader = FakeReader([])
     reader.configs[("ops", SITE_RULES_CONFIGMAP)] = {SITE_RULES_KEY: "rules: [{name: x}]"}  # type: ignore[attr-defined]
     deps = Deps(reader=reader, writer=RecordingWriter(), ledger_namespace="ops")  # type: ignore[arg-type]
-    kept = deps.site_rules = ()
+    good = {"name": "g", "class": "soft", "why": "w", "set": "2026-12-01", "signature": "S:1"}
+    kept = deps.site_rules = parse_site_rules(with_rule({}, good))
     asyncio.run(read_site_rules(deps))
-    assert deps.site_rules is kept
+    assert deps.site_rules == kept and len(kept) == 1
