@@ -13,6 +13,7 @@ from tpujob_trainer.config import load_config
 from tpujob_trainer.contract import (
     HEARTBEAT_ATTEMPT,
     HEARTBEAT_CHECKPOINT_STEP,
+    HEARTBEAT_JOB_UID,
     HEARTBEAT_LOSS,
     HEARTBEAT_REJOINS,
     HEARTBEAT_STEP,
@@ -84,6 +85,16 @@ def test_renewal_publishes_progress_as_renew_time_and_annotations() -> None:
         HEARTBEAT_ATTEMPT: "1",
         HEARTBEAT_REJOINS: "false",
     }
+
+
+def test_a_trainer_that_knows_its_job_signs_its_beats_with_the_job_uid() -> None:
+    client = RecordingLeases()
+    heartbeat = Heartbeat(
+        client, name="job-heartbeat", namespace="ml", job_uid="uid-2", wall_clock=lambda: NOW
+    )
+    heartbeat.progress(progress(12))
+    assert heartbeat.renew_if_due()
+    assert client.patches[0][2]["metadata"]["annotations"][HEARTBEAT_JOB_UID] == "uid-2"
 
 
 def test_a_supervised_trainer_says_so_on_its_heartbeat() -> None:

@@ -72,6 +72,10 @@ HEARTBEAT_LOSS = "tpujob.dev/loss"
 HEARTBEAT_STEPS_PER_SECOND = "tpujob.dev/steps-per-second"
 HEARTBEAT_CHECKPOINT_STEP = "tpujob.dev/checkpoint-step"
 HEARTBEAT_ATTEMPT = "tpujob.dev/attempt"
+# The uid of the job whose trainer beats (`ENV_JOB_UID`). A job deleted with its pods orphaned
+# and applied again under its name shares the Lease with the earlier job's trainers, which beat
+# as attempt 1 too until fencing stops them; the operator counts only its own job's beats.
+HEARTBEAT_JOB_UID = "tpujob.dev/job-uid"
 # Health numbers, published by worker 0 with the heartbeat after each gather (empty until the
 # first). Per-worker values are comma-separated, in process-id order.
 HEARTBEAT_HEALTH_STEP = "tpujob.dev/health-step"

@@ -22,6 +22,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_CHECKPOINT_STEP,
     HEARTBEAT_HEALTH_STEP,
     HEARTBEAT_INPUT_BOUND_FRACTION,
+    HEARTBEAT_JOB_UID,
     HEARTBEAT_LOSS,
     HEARTBEAT_REJOINS,
     HEARTBEAT_STEP,
@@ -106,8 +107,9 @@ def health_annotations(health: Health) -> dict[str, str]:
     }
 
 
-def lease_patch(progress: Progress, now: datetime) -> dict[str, Any]:
-    """The merge patch for one renewal: renewTime is the heartbeat, annotations the numbers."""
+def lease_patch(progress: Progress, now: datetime, job_uid: str | None = None) -> dict[str, Any]:
+    """The merge patch for one renewal: renewTime is the heartbeat, annotations the numbers,
+    signed with the uid of the job this trainer belongs to when it knows it."""
     return {
         "metadata": {
             "annotations": {
@@ -120,6 +122,7 @@ def lease_patch(progress: Progress, now: datetime) -> dict[str, Any]:
                 ),
                 HEARTBEAT_ATTEMPT: str(progress.attempt),
                 HEARTBEAT_REJOINS: "true" if progress.rejoins else "false",
+                **({HEARTBEAT_JOB_UID: job_uid} if job_uid else {}),
                 **(health_annotations(progress.health) if progress.health else {}),
             }
         },
@@ -136,6 +139,7 @@ class Heartbeat:
         *,
         name: str,
         namespace: str,
+        job_uid: str | None = None,
         min_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -143,6 +147,7 @@ class Heartbeat:
         self._client = client
         self._name = name
         self._namespace = namespace
+        self._job_uid = job_uid
         self._min_interval = min_interval
         self._clock = clock
         self._wall_clock = wall_clock
@@ -177,7 +182,9 @@ class Heartbeat:
             self._last_renewal = now
         try:
             self._client.patch_lease(
-                self._name, self._namespace, lease_patch(progress, self._wall_clock())
+                self._name,
+                self._namespace,
+                lease_patch(progress, self._wall_clock(), self._job_uid),
             )
         except Exception as error:
             # Any API or network error: training matters more than the heartbeat.

@@ -125,7 +125,7 @@ def heartbeat(
     lease = config.heartbeat_lease
     if lease is None or config.process_id != 0 or not isinstance(client, KubernetesLeaseClient):
         return None
-    beat = Heartbeat(client, name=lease, namespace=config.namespace)
+    beat = Heartbeat(client, name=lease, namespace=config.namespace, job_uid=config.job_uid)
     beat.start()
     return beat
 

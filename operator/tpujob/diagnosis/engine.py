@@ -243,6 +243,22 @@ def _layers(
         yield hit
     if hit := _trainer_hit(texts.trainer):
         yield hit
+    killed = _killed_from_outside(worker)
+    for hit in _read_hits(worker, table=table, texts=texts, model=model, unknown=unknown):
+        if not (killed and hit.layer in _TEXT_LAYERS and hit.verdict.failure_class is FATAL):
+            yield hit
+    yield _default_hit(table, worker)
+
+
+def _read_hits(
+    worker: f.WorkerFacts,
+    *,
+    table: RuleTable,
+    texts: Texts,
+    model: TextModel | None,
+    unknown: UnknownPolicy,
+) -> Iterator[Hit]:
+    """The hits of the layers below the trainer's code, in precedence order."""
     yield from _text_hits(table.text_rules, texts, Layer.RULES)
     yield from _text_hits(table.catalogue_rules, texts, Layer.CATALOGUE)
     if hit := _exit_hit(table, worker):
@@ -251,7 +267,23 @@ def _layers(
         yield hit
     if hit := _model_hit(model, texts, unknown):
         yield hit
-    yield _default_hit(table, worker)
+
+
+# The layers that grade what a process printed, not how it ended.
+_TEXT_LAYERS = frozenset({Layer.RULES, Layer.CATALOGUE, Layer.EXCEPTION, Layer.MODEL})
+FATAL = FailureClass.FATAL
+
+
+def _killed_from_outside(worker: f.WorkerFacts) -> bool:
+    """Whether the process ended by SIGKILL or SIGTERM it did not send itself (no OOM kill).
+
+    Such a process did not stop at the error its log shows: a user's deterministic error ends
+    the program with an exit code of its own. So no text read from it can prove the failure
+    the user's (fatal); it says what was happening when the kill came, and the kill is the
+    failure. Text that blames the host or a peer still counts (a dying host's TPU errors
+    come before its processes are killed).
+    """
+    return worker.effective_signal in (9, 15) and worker.reason != f.REASON_OOM_KILLED
 
 
 def _site_hit(

@@ -17,7 +17,14 @@ from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, labels, parse_job
 from tpujob.kube.cache import PodRecord, pod_by_pool, pod_record
 from tpujob.kube.errors import KubeError, NotFoundError, call
 from tpujob.observed.redact import redact
-from tpujob.observed.views import Heartbeat, NodeView, Observed, heartbeat_view, node_view
+from tpujob.observed.views import (
+    Heartbeat,
+    NodeView,
+    Observed,
+    heartbeat_view,
+    node_view,
+    own_heartbeat,
+)
 from tpujob.plan import manifests
 
 LOG_TAIL_LINES = 80
@@ -169,7 +176,7 @@ def observe(
         job=job,
         pods=pods,
         nodes=reads.node_views(),
-        heartbeat=reads.heartbeat(job.namespace, manifests.lease_name(job)),
+        heartbeat=own_heartbeat(reads.heartbeat(job.namespace, manifests.lease_name(job)), uid),
         busy_pools=reads.busy_pools(job.namespace, job.name),
     )
 

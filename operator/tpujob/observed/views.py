@@ -226,6 +226,8 @@ class Heartbeat:
     attempt: int | None = None
     # The trainer runs under the supervisor that restarts it in place on a rejoin order.
     rejoins: bool = False
+    # The uid of the job whose trainer wrote the beat; None from a trainer that does not say.
+    job_uid: str | None = None
     # Every annotation, for readers of the trainer's health numbers (untrusted text).
     annotations: Mapping[str, str] = field(default_factory=dict)
 
@@ -262,8 +264,18 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0, MAX_STEP),
         attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
         rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
+        job_uid=_str(notes.get(contract.HEARTBEAT_JOB_UID)),
         annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {},
     )
+
+
+def own_heartbeat(beat: Heartbeat | None, job_uid: str) -> Heartbeat | None:
+    """`beat` when the job `job_uid` may count it: a beat signed by another job is a leftover
+    trainer of an earlier job of the same name (its pods orphaned, not yet fenced), whose
+    renewals would otherwise pass for this job's first beat and its steps for this job's."""
+    if beat is None or beat.job_uid is None or not job_uid or beat.job_uid == job_uid:
+        return beat
+    return None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tpujob.api import contract
 from tpujob.diagnosis import (
     FailureClass,
@@ -110,7 +112,8 @@ def test_trainer_unknown_code_lets_text_decide() -> None:
 
 
 def test_text_outranks_exit_code() -> None:
-    facts = WorkerFacts(exit_code=137, log_tail="Ran out of memory in memory space hbm")
+    # An abort (XLA's own, on SIGABRT) is the process's own end: its log says why.
+    facts = WorkerFacts(exit_code=134, log_tail="Ran out of memory in memory space hbm")
     assert diagnose_worker(facts).code is FailureCode.HBM_OOM_AT_COMPILE
 
 
@@ -137,3 +140,41 @@ def test_a_configured_timeout_in_a_log_line_is_not_a_lost_peer() -> None:
         )
     )
     assert lost.code is FailureCode.COLLECTIVE_TIMEOUT
+
+
+TF_NO_KERNEL_LOG = (
+    "tensorflow.python.framework.errors_impl.NotFoundError: No OpKernel was registered to"
+    " support Op 'ConfigureDistributedTPU' used by {{node ConfigureDistributedTPU}}"
+)
+
+
+@pytest.mark.parametrize(
+    ("log", "exit_code", "reason", "expected"),
+    [
+        (SHAPE_LOG, 137, "Error", (FailureClass.SOFT, FailureCode.PROCESS_KILLED)),
+        (TF_NO_KERNEL_LOG, 137, "Error", (FailureClass.SOFT, FailureCode.PROCESS_KILLED)),
+        (SHAPE_LOG, 143, "Error", (FailureClass.SOFT, FailureCode.PROCESS_KILLED)),
+        (SHAPE_LOG, 1, "Error", (FailureClass.FATAL, FailureCode.SHAPE_MISMATCH)),
+        (TF_NO_KERNEL_LOG, 1, "Error", (FailureClass.FATAL, None)),
+    ],
+    ids=[
+        "shape-then-sigkill",
+        "tf-kernel-then-sigkill",
+        "shape-then-sigterm",
+        "shape-exit-1",
+        "tf-kernel-exit-1",
+    ],
+)
+def test_a_process_killed_from_outside_is_not_failed_for_what_its_log_said_before(
+    log: str, exit_code: int, reason: str, expected: tuple[FailureClass, FailureCode | None]
+) -> None:
+    diagnosis = diagnose_worker(WorkerFacts(exit_code=exit_code, reason=reason, log_tail=log))
+    failure_class, code = expected
+    assert diagnosis.failure_class is failure_class
+    assert code is None or diagnosis.code is code
+
+
+def test_a_killed_process_whose_log_blames_its_host_is_still_graded_by_the_log() -> None:
+    log = "TPU initialization failed: the TPU chip reported an uncorrectable ECC error (HBM)"
+    diagnosis = diagnose_worker(WorkerFacts(exit_code=137, reason="Error", log_tail=log))
+    assert diagnosis.failure_class is FailureClass.HARD, diagnosis

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from tests.unit.builders import job_body, pod, running_status
+import pytest
+from tests.unit.builders import job_body, lease, pod, running_status
 from tests.unit.fakes import FakeReader
 
+from tpujob.api import contract
+from tpujob.api.job import parse_job
 from tpujob.kube.observe import observe, owned_by
+from tpujob.plan.manifests import lease_name
+
+
+def lease_name_of(body: dict[str, object]) -> str:
+    return lease_name(parse_job(body))
 
 
 def test_a_labelled_pod_without_the_jobs_owner_uid_is_ignored() -> None:
@@ -25,3 +33,21 @@ def test_owned_by_needs_a_uid_to_match() -> None:
     assert not owned_by(obj, "b")
     assert not owned_by(obj, None)
     assert not owned_by({"metadata": {}}, "a")
+
+
+@pytest.mark.parametrize(
+    ("signed_by", "counted"),
+    [(None, True), ("own", True), ("old-job-uid", False)],
+    ids=["unsigned", "signed-by-the-job", "signed-by-an-earlier-job-of-the-name"],
+)
+def test_a_heartbeat_signed_by_another_job_is_not_the_jobs(
+    signed_by: str | None, counted: bool
+) -> None:
+    job = job_body(status=running_status())
+    beat = lease(renewed=0, step=5)
+    beat["metadata"].update(namespace=job["metadata"]["namespace"], name=lease_name_of(job))
+    if signed_by is not None:
+        uid = job["metadata"]["uid"] if signed_by == "own" else signed_by
+        beat["metadata"]["annotations"][contract.HEARTBEAT_JOB_UID] = uid
+    seen = observe(FakeReader([pod(job, 1, 0, 0)], lease=beat), job)  # type: ignore[arg-type]
+    assert (seen.heartbeat is not None) is counted
