@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale bench-goodput bench-soak e2e-kind clean diagnosis-model
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale bench-goodput bench-soak crash-drill e2e-kind clean diagnosis-model
 
 all: test
 
@@ -87,6 +87,12 @@ bench-goodput: venv binaries
 SOAK_ARGS ?=
 bench-soak: venv binaries
 	$(PY) bench/bench_soak.py $(SOAK_ARGS)
+
+# The operator SIGKILLed at random moments of many soft recoveries (`make test` runs three).
+CRASH_DRILL_RECOVERIES ?= 20
+crash-drill: venv binaries
+	TPUJOB_CRASH_DRILL_RECOVERIES=$(CRASH_DRILL_RECOVERIES) $(PY) -m pytest -q \
+	  "tests/e2e/test_recovery_drills.py::test_operator_killed_at_random_moments_of_soft_recoveries_repeats_and_loses_nothing"
 
 e2e-kind:
 	hack/e2e-kind.sh
