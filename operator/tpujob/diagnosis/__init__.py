@@ -12,14 +12,8 @@ from tpujob.diagnosis.cascade import (
 )
 from tpujob.diagnosis.engine import diagnose_worker
 from tpujob.diagnosis.explain import Explanation, explain_worker
-from tpujob.diagnosis.facts import (
-    HeartbeatFacts,
-    JobFacts,
-    NodeFacts,
-    PendingFacts,
-    PriorFailure,
-    WorkerFacts,
-)
+from tpujob.diagnosis.facts import HeartbeatFacts, JobFacts, NodeFacts, PendingFacts, WorkerFacts
+from tpujob.diagnosis.history import PastFailure
 from tpujob.diagnosis.model import (
     ChainLink,
     Confidence,
@@ -51,8 +45,8 @@ __all__ = [
     "HeartbeatFacts",
     "JobFacts",
     "NodeFacts",
+    "PastFailure",
     "PendingFacts",
-    "PriorFailure",
     "RuleTable",
     "RuleTableError",
     "SiteRule",

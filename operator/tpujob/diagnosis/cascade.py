@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 from tpujob.diagnosis import facts as f
 from tpujob.diagnosis.engine import diagnose_worker, worker_label
+from tpujob.diagnosis.history import PastFailure
 from tpujob.diagnosis.model import (
     DEFAULT_ACTIONS,
     ChainLink,
@@ -104,7 +105,7 @@ OWN_BUDGET_CODES = frozenset({FailureCode.NAN_LOSS})
 
 def apply_history(
     diagnosis: Diagnosis,
-    history: Sequence[f.PriorFailure],
+    history: Sequence[PastFailure],
     *,
     node_name: str = "",
     unknown_retry_limit: int = DEFAULT_UNKNOWN_RETRY_LIMIT,
@@ -132,7 +133,7 @@ def apply_history(
     if diagnosis.code is FailureCode.UNKNOWN:
         unknown = 0
         for prior in reversed(history):
-            if prior.code != FailureCode.UNKNOWN:
+            if prior.code is not FailureCode.UNKNOWN:
                 break
             unknown += 1
         if unknown >= unknown_retry_limit:
@@ -148,7 +149,7 @@ def apply_history(
         diagnosis.code is FailureCode.DEVICE_BUSY
         and diagnosis.failure_class is not FailureClass.HARD
         and node_name
-        and any(p.code == FailureCode.DEVICE_BUSY and p.node_name == node_name for p in history)
+        and any(p.code is FailureCode.DEVICE_BUSY and p.node == node_name for p in history)
     ):
         return _escalate(
             diagnosis,
@@ -165,7 +166,7 @@ def diagnose_job(
     *,
     user_rules: Sequence[UserRule] = (),
     site_rules: Sequence[SiteRule] = (),
-    history: Sequence[f.PriorFailure] = (),
+    history: Sequence[PastFailure] = (),
     unknown_retry_limit: int = DEFAULT_UNKNOWN_RETRY_LIMIT,
     table: RuleTable | None = None,
 ) -> Diagnosis:

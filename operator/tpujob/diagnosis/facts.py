@@ -103,16 +103,6 @@ class WorkerFacts:
 
 
 @dataclass(frozen=True)
-class PriorFailure:
-    """An earlier failure of the same job, as recorded in its status (oldest first)."""
-
-    signature: str
-    code: str
-    step: int | None = None
-    node_name: str = ""
-
-
-@dataclass(frozen=True)
 class JobFacts:
     """The failed workers of one job attempt, plus the job-wide heartbeat."""
 

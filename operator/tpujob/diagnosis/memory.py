@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tpujob.diagnosis.history import PastFailure
 from tpujob.diagnosis.linear import compile_linear
 from tpujob.diagnosis.model import FailureClass, FailureCode
 
@@ -65,19 +66,6 @@ def failure_signature(code: FailureCode | str, root_message: str) -> str:
     return f"{code}:{digest}"
 
 
-@dataclass(frozen=True)
-class PastFailure:
-    """One diagnosed failure of the job (the current one included, oldest first)."""
-
-    attempt: int
-    node: str
-    slice_index: int | None
-    signature: str
-    code: FailureCode
-    failure_class: FailureClass
-    progressed: bool = False  # the attempt reported training progress of its own
-
-
 class Escalation(enum.StrEnum):
     """Why the memory changed a failure's grade."""
 
@@ -96,8 +84,18 @@ class MemoryVerdict:
     evidence: str = ""
 
 
+def _remembered(failure: PastFailure) -> bool:
+    """Whether the record carries what the memory judges by."""
+    return (
+        failure.memory_signature is not None
+        and failure.attempt is not None
+        and failure.failure_class is not None
+        and failure.code is not None
+    )
+
+
 def _repeats(history: Sequence[PastFailure]) -> list[PastFailure]:
-    """The trailing run of the current failure's signature, cut where an attempt progressed.
+    """The trailing run of the current failure's memory signature, cut where one progressed.
 
     `progressed` is the attempt that ended in that failure, so it says whether the job
     trained between the failure before and this one: a run reaches back past a failure only
@@ -107,7 +105,7 @@ def _repeats(history: Sequence[PastFailure]) -> list[PastFailure]:
     current = history[-1]
     run = [current]
     for prior in reversed(history[:-1]):
-        if run[-1].progressed or prior.signature != current.signature:
+        if run[-1].progressed or prior.memory_signature != current.memory_signature:
             break
         run.append(prior)
     return run[::-1]
@@ -119,13 +117,18 @@ def judge(
     soft_restarts: int = DEFAULT_SOFT_RESTARTS,
     medium_restarts: int = DEFAULT_MEDIUM_RESTARTS,
 ) -> MemoryVerdict:
-    """The escalation the job's history calls for; `history[-1]` is the current failure."""
+    """The escalation the job's history calls for; `history[-1]` is the current failure.
+
+    Earlier records without the memory's fields (written before it existed) are skipped."""
     if not history:
         raise ValueError("the history holds at least the current failure")
     current = history[-1]
-    if not current.failure_class.retrying or current.progressed:
-        return MemoryVerdict(Escalation.NONE, current.failure_class)
-    run = _repeats(history)
+    cls = current.failure_class
+    if cls is None or not _remembered(current):
+        raise ValueError("the current failure carries the memory's fields")
+    if not cls.retrying or current.progressed:
+        return MemoryVerdict(Escalation.NONE, cls)
+    run = _repeats([*(f for f in history[:-1] if _remembered(f)), current])
     places = {(f.node, f.slice_index) for f in run}
     nodes = {f.node for f in run}
     if len(run) >= 2 and current.code not in EXTERNAL_CODES:
@@ -136,11 +139,11 @@ def judge(
                 blamed_node=current.node,
                 evidence=f"seen {len(run)} times in a row on node {current.node}",
             )
-        if current.failure_class is FailureClass.HARD:
+        if cls is FailureClass.HARD:
             # A broken node or slice each time, and the job moved off it: recurring elsewhere
             # is another one (the failed-node and hard-restart budgets bound them), not the
             # program.
-            return MemoryVerdict(Escalation.NONE, current.failure_class)
+            return MemoryVerdict(Escalation.NONE, cls)
         return MemoryVerdict(
             Escalation.ACROSS_NODES,
             FailureClass.FATAL,
@@ -148,7 +151,7 @@ def judge(
             f" ({len({f.slice_index for f in run})} slices) without progress",
         )
     soft_run = [f for f in run if f.failure_class is FailureClass.SOFT]
-    if current.failure_class is FailureClass.SOFT and len(soft_run) > soft_restarts:
+    if cls is FailureClass.SOFT and len(soft_run) > soft_restarts:
         if len(soft_run) > soft_restarts + medium_restarts:
             return MemoryVerdict(
                 Escalation.GIVE_UP,
@@ -160,7 +163,7 @@ def judge(
             FailureClass.MEDIUM,
             evidence=f"soft failure did not clear after {len(soft_run) - 1} in-place restarts",
         )
-    return MemoryVerdict(Escalation.NONE, current.failure_class)
+    return MemoryVerdict(Escalation.NONE, cls)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from tpujob.observed.trouble import Trouble, user_rules
 from tpujob.observed.views import Observed
 from tpujob.plan.failed_nodes import avoided_by, avoided_nodes, mark_reason, record_blames
 from tpujob.plan.goodput import ended_attempt
+from tpujob.plan.job_memory import past_failure
 from tpujob.plan.placement import placement
 from tpujob.plan.pools import choose_pools
 from tpujob.plan.recovery import Broken, FailJob, Restart, decide
@@ -98,9 +99,7 @@ def handle_failure(
 ) -> None:
     job = obs.job
     status = job.status
-    history = [
-        dx.PriorFailure(r.signature, r.code, r.step, r.node or "") for r in status.failure_history
-    ]
+    history = [past_failure(r) for r in status.failure_history]
     d = dx.diagnose_job(
         trouble.facts,
         user_rules=user_rules(job.spec.recovery.rules),

@@ -10,20 +10,26 @@ Two rules, both pure:
   other nodes or slices it is the program (fatal, with the evidence); a soft failure that
   in-place restarts do not clear gets a backoff, then stops.
 Every escalation is written into the diagnosis itself (summary, evidence), so the status, the
-Event and `tpujob describe` all say so.
+Event and `tpujob describe` all say so. The status's failure records become the diagnosis's
+`PastFailure` here (`past_failure`), for the repeat guards and the memory alike.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tpujob import diagnosis as dx
 from tpujob.api.attempt import FailureRecord
 from tpujob.diagnosis.cascade import OWN_BUDGET_CODES
-from tpujob.diagnosis.memory import Escalation, PastFailure, failure_signature, judge
+from tpujob.diagnosis.history import PastFailure
+from tpujob.diagnosis.memory import Escalation, failure_signature, judge
 from tpujob.diagnosis.model import DEFAULT_ACTIONS
 from tpujob.plan.escalation import escalate
+
+_Enum = TypeVar("_Enum", bound=enum.StrEnum)
 
 # Failures with a recovery policy of their own (a non-finite loss rolls back past its data,
 # with its own budget): the memory records them but does not regrade them.
@@ -63,28 +69,38 @@ def weigh_model_guess(d: dx.Diagnosis) -> dx.Diagnosis:
     )
 
 
-def _past(record: FailureRecord) -> PastFailure | None:
-    if record.memory_signature is None or record.attempt is None or record.failure_class is None:
-        return None  # written before the memory existed
-    try:
-        code = dx.FailureCode(record.code)
-        cls = dx.FailureClass(record.failure_class)
-    except ValueError:
-        return None
+def past_failure(record: FailureRecord) -> PastFailure:
+    """The status record as the diagnosis reads it; every record, however old, is kept.
+
+    The repeat guards need only the signature, code, step and node, which every record has;
+    the memory's fields are None where the record predates them or holds a code or class
+    this operator does not know, and the memory skips such records.
+    """
     return PastFailure(
-        attempt=record.attempt,
+        signature=record.signature,
+        code=_known(dx.FailureCode, record.code),
+        step=record.step,
         node=record.node or "",
         slice_index=record.slice,
-        signature=record.memory_signature,
-        code=code,
-        failure_class=cls,
+        attempt=record.attempt,
+        failure_class=_known(dx.FailureClass, record.failure_class),
+        memory_signature=record.memory_signature,
         progressed=bool(record.progressed),
     )
 
 
+def _known(kind: type[_Enum], value: str | None) -> _Enum | None:
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:  # written by another version of the operator
+        return None
+
+
 def recall(
     d: dx.Diagnosis,
-    history: Sequence[FailureRecord],
+    history: Sequence[PastFailure],
     *,
     attempt: int,
     node: str | None,
@@ -92,18 +108,19 @@ def recall(
     progressed: bool,
 ) -> Recalled:
     """Grade `d` by the job's history; `history` excludes the current failure."""
-    signature = failure_signature(d.code, d.summary)
+    memory_signature = failure_signature(d.code, d.summary)
     current = PastFailure(
-        attempt=attempt,
+        signature=d.signature,
+        code=d.code,
+        step=d.step,
         node=node or "",
         slice_index=slice_index,
-        signature=signature,
-        code=d.code,
+        attempt=attempt,
         failure_class=d.failure_class,
+        memory_signature=memory_signature,
         progressed=progressed,
     )
-    past = [p for p in (_past(r) for r in history) if p is not None]
-    verdict = judge([*past, current])
+    verdict = judge([*history, current])
     blamed = None
     if verdict.escalation is not Escalation.NONE and d.code not in OWN_POLICY:
         d = escalate(
@@ -123,7 +140,7 @@ def recall(
             "attempt": attempt,
             "slice": slice_index,
             "class": str(d.failure_class),
-            "memorySignature": signature,
+            "memorySignature": memory_signature,
             "progressed": progressed,
         }
     )

@@ -38,7 +38,7 @@ class Around:
     """What the rows read besides the diagnosis: the job, where the failure struck, when."""
 
     obs: Observed
-    history: Sequence[dx.PriorFailure]
+    history: Sequence[dx.PastFailure]  # the job's earlier failures, oldest first
     diagnosed_class: dx.FailureClass  # the class the diagnosis gave, before any row
     root_node: str | None
     root_slice: int | None
@@ -90,7 +90,7 @@ def _history(r: Regrading, around: Around) -> Regrading:
     status = around.obs.job.status
     recalled = recall(
         r.diagnosis,
-        status.failure_history,
+        around.history,
         attempt=status.attempt,
         node=around.root_node,
         slice_index=around.root_slice,

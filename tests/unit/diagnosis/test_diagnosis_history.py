@@ -9,7 +9,7 @@ from tpujob.diagnosis import (
     FailureCode,
     JobFacts,
     NodeFacts,
-    PriorFailure,
+    PastFailure,
     WorkerFacts,
     diagnose_job,
 )
@@ -24,9 +24,9 @@ def job(log: str, *, step: int | None, exit_code: int = 1, node: str = "") -> Jo
     return JobFacts(workers=(worker,))
 
 
-def previous(facts: JobFacts) -> PriorFailure:
+def previous(facts: JobFacts) -> PastFailure:
     first = diagnose_job(facts)
-    return PriorFailure(signature=first.signature, code=first.code, step=first.step)
+    return PastFailure(signature=first.signature, code=first.code, step=first.step)
 
 
 def test_same_signature_at_same_step_twice_is_fatal_with_reason() -> None:
@@ -77,7 +77,7 @@ def test_unknown_failures_are_retried_a_bounded_number_of_times(
     unknown_before: int, limit: int, expected: FailureCode
 ) -> None:
     history = [
-        PriorFailure(signature=f"UNKNOWN:{i}", code="UNKNOWN", step=i)
+        PastFailure(signature=f"UNKNOWN:{i}", code=FailureCode.UNKNOWN, step=i)
         for i in range(unknown_before)
     ]
     diagnosis = diagnose_job(job("weird", step=999), history=history, unknown_retry_limit=limit)
@@ -87,7 +87,7 @@ def test_unknown_failures_are_retried_a_bounded_number_of_times(
 
 def test_device_busy_again_on_the_same_node_becomes_hard() -> None:
     busy = "open(/dev/vfio/0): Device or resource busy"
-    history = [PriorFailure(signature="x", code="DEVICE_BUSY", step=0, node_name="n7")]
+    history = [PastFailure(signature="x", code=FailureCode.DEVICE_BUSY, step=0, node="n7")]
     same = diagnose_job(job(busy, step=None, node="n7"), history=history)
     other = diagnose_job(job(busy, step=None, node="n8"), history=history)
     assert same.failure_class is FailureClass.HARD
@@ -98,7 +98,7 @@ def test_node_name_from_node_facts_counts_for_device_busy() -> None:
     worker = WorkerFacts(
         worker_index=0, exit_code=13, node=NodeFacts(name="n7"), log_tail="Device or resource busy"
     )
-    history = [PriorFailure(signature="x", code="DEVICE_BUSY", node_name="n7")]
+    history = [PastFailure(signature="x", code=FailureCode.DEVICE_BUSY, node="n7")]
     diagnosis = diagnose_job(JobFacts(workers=(worker,)), history=history)
     assert diagnosis.failure_class is FailureClass.HARD
 

@@ -7,13 +7,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tpujob.diagnosis import FailureClass, FailureCode, JobFacts, WorkerFacts, diagnose_job
+from tpujob.diagnosis import (
+    FailureClass,
+    FailureCode,
+    JobFacts,
+    PastFailure,
+    WorkerFacts,
+    diagnose_job,
+)
 from tpujob.diagnosis.memory import (
     Blame,
     Escalation,
     LedgerFormatError,
     NodeLedger,
-    PastFailure,
     failure_signature,
     judge,
     ledger_from_data,
@@ -36,7 +42,16 @@ def crash(
     code: FailureCode = FailureCode.PROCESS_CRASHED,
     progressed: bool = False,
 ) -> PastFailure:
-    return PastFailure(attempt, node, sl, sig, code, cls, progressed)
+    return PastFailure(
+        signature=sig,
+        code=code,
+        node=node,
+        slice_index=sl,
+        attempt=attempt,
+        failure_class=cls,
+        memory_signature=sig,
+        progressed=progressed,
+    )
 
 
 CASES = [

@@ -21,7 +21,7 @@ WEAK_FATAL_GUESS = dx.Diagnosis(
 )
 
 
-def around(history: tuple[dx.PriorFailure, ...] = ()) -> Around:
+def around(history: tuple[dx.PastFailure, ...] = ()) -> Around:
     return Around(
         obs=observed(job_body(status=running_status(attempt=1))),
         history=history,
@@ -50,14 +50,20 @@ def test_the_rows_run_in_the_documented_order() -> None:
         ("a weak fatal guess is restarted once", (), dx.FailureClass.MEDIUM, "USER_CODE_ERROR"),
         (
             "the same failure at the same step again fails the job, after the guess was weakened",
-            (dx.PriorFailure("USER_CODE_ERROR:ValueError", "USER_CODE_ERROR", step=40),),
+            (
+                dx.PastFailure(
+                    signature="USER_CODE_ERROR:ValueError",
+                    code=dx.FailureCode.USER_CODE_ERROR,
+                    step=40,
+                ),
+            ),
             dx.FailureClass.FATAL,
             "DETERMINISTIC_REPEAT",
         ),
     ],
 )
 def test_a_weak_guess_is_weakened_and_the_repeat_guard_judges_the_weakened_grade(
-    case: str, history: tuple[dx.PriorFailure, ...], graded: dx.FailureClass, code: str
+    case: str, history: tuple[dx.PastFailure, ...], graded: dx.FailureClass, code: str
 ) -> None:
     result = regrade(WEAK_FATAL_GUESS, around(history))
     assert result.diagnosis.failure_class is graded, case
