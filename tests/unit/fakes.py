@@ -1,4 +1,5 @@
-"""Fakes of the operator's own adapter (Reader, Writer) that record what the shell does."""
+"""Fakes of the operator's own adapter (the cache, Reader, Writer) that record what the shell
+does, and `deps_for`, which hands them to a reconcile the way the running operator has them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from tests.unit.builders import cluster
 
+from tpujob.controller.deps import Deps
 from tpujob.kube.cache import (
     CachedView,
     NodeBook,
@@ -68,6 +70,19 @@ class FakeReader(CachedView):
 
     def config_data(self, namespace: str, name: str) -> dict[str, str]:
         return dict(self.configs.get((namespace, name), {}))
+
+
+def deps_for(reader: FakeReader, writer: Any = None, **fields: Any) -> Deps:
+    """Deps as the operator has them once started: `reader` is the watch-fed cache (with its
+    node book, which the node handler reads) and also answers what only the API can (log
+    tails, ConfigMaps, whether the API answers)."""
+    return Deps(
+        reader=reader,  # type: ignore[arg-type]
+        writer=writer if writer is not None else RecordingWriter(),
+        view=reader,
+        node_book=reader.node_book,
+        **fields,
+    )
 
 
 def index(records: Iterable[Mapping[Hashable, Any]]) -> dict[Hashable, list[Any]]:

@@ -26,7 +26,7 @@ from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
 from tpujob.kube.cache import CachedView, NodeBook
-from tpujob.kube.observe import ClusterReads, Reader
+from tpujob.kube.observe import Reader
 from tpujob.plan.result import PlannerSettings
 
 API_THREADS = 16
@@ -196,7 +196,9 @@ class Deps:
     metrics: Metrics = field(default_factory=Metrics)
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     clock: Callable[[], dt.datetime] = utc_now
-    # The watch-fed cache the handlers attach at start-up; without it, reads go to the API.
+    # The watch-fed cache, the only source of a reconcile's reads of the cluster (`reader`
+    # answers what no watch keeps). Attached by a start-up handler, since kopf hands out its
+    # indexes only to handlers; kopf spawns no daemon before its start-up handlers ran.
     view: CachedView | None = None
     wakes: WakeBook = field(default_factory=WakeBook)
     jobs: JobBook = field(default_factory=JobBook)
@@ -247,10 +249,6 @@ class Deps:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call in the operator's executor."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    async def read(self, reads: ClusterReads, fn: Callable[..., T], *args: Any) -> T:
-        """Run a read: in the loop from the cache (kopf changes it there), else in a thread."""
-        return fn(*args) if reads.in_memory else await self.run(fn, *args)
 
     def forget(self, key: JobKey) -> None:
         """Drop everything kept of a job that is gone: its book, wakes, metrics and pools."""

@@ -31,8 +31,7 @@ from tpujob.controller.ledger_store import ledger_rows, remember_blame
 from tpujob.controller.wakeups import JobKey, Shape
 from tpujob.kube.cache import newer
 from tpujob.kube.errors import ForbiddenError, InvalidError, KubeError, UnavailableError
-from tpujob.kube.observe import ClusterReads, observe, tails_to_read, with_tails
-from tpujob.observed.nodes import track_tpu_shortfall
+from tpujob.kube.observe import observe, tails_to_read, with_tails
 from tpujob.observed.views import Observed
 from tpujob.plan import reports
 from tpujob.plan.planner import plan
@@ -42,6 +41,8 @@ __all__ = ["Deps", "reconcile", "release_pools"]
 
 log = logging.getLogger("tpujob.controller.reconcile")
 INVALID_SPEC_RETRY_SECONDS = 300.0
+# A reconcile that finds no cache attached yet is tried again this soon (see `_reconcile`).
+CACHE_WAIT_SECONDS = 1.0
 # A refused pod is retried this often: a raised quota or a fixed policy takes effect soon,
 # and each retry is one create call.
 REFUSED_RETRY_SECONDS = 10.0
@@ -102,25 +103,27 @@ async def _api_back(deps: Deps) -> None:
 
 async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     key = (namespace, name)
-    reads: ClusterReads = deps.view if deps.view is not None else deps.reader
-    cached = await deps.read(reads, reads.job_body, namespace, name)
-    body = _fresher(deps, key, cached)
+    view = deps.view
+    if view is None:
+        # Not attached yet (kopf runs the start-up handler that attaches it before it spawns
+        # any daemon, so the operator never gets here): planning on no cache would take the
+        # job for deleted. The job waits for the cache instead.
+        return CACHE_WAIT_SECONDS
+    # The cache's reads are in memory, and kopf changes it in the event loop: read here, in
+    # the loop, never in a worker thread.
+    body = _fresher(deps, key, view.job_body(namespace, name))
     if body is None:
         deps.forget(key)  # its claims too; its daemon's end wakes whoever waits for its pools
         return None
     if _awaits_finalizer(deps, key, body):
         return FINALIZER_POLL_SECONDS
     try:
-        observed = await deps.read(reads, observe, reads, body, partial(deps.jobs.parse, key))
+        observed = observe(view, body, partial(deps.jobs.parse, key))
     except InvalidJobError as err:
         await _report_invalid(deps, body, err)
         return INVALID_SPEC_RETRY_SECONDS
     observed = with_tails(observed, await _tails(deps, namespace, tails_to_read(observed)))
     now = deps.clock()
-    if reads is not deps.view:  # with the cache, the node event handler keeps the record
-        deps.tpu_short_since = track_tpu_shortfall(
-            deps.tpu_short_since, observed.nodes.values(), now=now
-        )
     deps.pools.claim(key, observed.job.status)  # what it held before: rebuilt after a restart
     observed = replace(
         observed,

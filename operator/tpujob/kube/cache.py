@@ -188,7 +188,6 @@ class CachedView:
     node_pods: Index = field(default_factory=dict)
     # Fed by the node index: reconciles read its snapshot instead of walking the index.
     node_book: NodeBook = field(default_factory=NodeBook)
-    in_memory: bool = True
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job's record, shared: read it, never change it (see `job_record`)."""

@@ -1,30 +1,23 @@
 """Read one job's world: the job, its pods, the nodes, its heartbeat, log tails.
 
-Two sources answer the same reads (`ClusterReads`): the watch-fed `cache.CachedView` that the
-running operator uses, and `Reader`, which asks the API directly (one-off tools, and the only
-way to read a log tail). `observe` turns either into the planner's `Observed`.
+`observe` turns the watch-fed `cache.CachedView` into the planner's `Observed`; the cache is
+the only source of those reads, in the operator and in its tests alike. `Reader` asks the API
+for what no watch keeps: a log tail, a ConfigMap, whether the API answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from kubernetes import client
 
-from tpujob.api import GROUP, PLURAL, VERSION, TPUTrainingJob, labels, parse_job
-from tpujob.kube.cache import PodRecord, pod_by_pool, pod_record
+from tpujob.api import TPUTrainingJob, parse_job
+from tpujob.kube.cache import CachedView
 from tpujob.kube.errors import KubeError, NotFoundError, call
 from tpujob.observed.redact import redact
-from tpujob.observed.views import (
-    Heartbeat,
-    NodeView,
-    Observed,
-    heartbeat_view,
-    node_view,
-    own_heartbeat,
-)
+from tpujob.observed.views import Observed, own_heartbeat
 from tpujob.plan import manifests
 
 LOG_TAIL_LINES = 80
@@ -33,82 +26,13 @@ LOG_TAIL_LINES = 80
 LOG_TAIL_CHARS = 16 * 1024
 
 
-class ClusterReads(Protocol):
-    """What one reconcile reads; `in_memory` says whether reading blocks on the network."""
-
-    @property
-    def in_memory(self) -> bool: ...
-
-    def job_body(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    def pod_records(self, namespace: str, job: str) -> list[PodRecord]: ...
-
-    def node_views(self) -> Mapping[str, NodeView]: ...
-
-    def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None: ...
-
-    def busy_pools(self, namespace: str, job: str) -> frozenset[str]: ...
-
-    def pool_holders(self, pool: str) -> frozenset[tuple[str, str]]: ...
-
-
 class Reader:
-    """Typed reads over one ApiClient, straight from the API."""
-
-    in_memory = False
+    """What the watch-fed cache cannot answer, asked of the API over one ApiClient: whether
+    it answers at all, a ConfigMap's data, a pod's log tail."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.coordination = client.CoordinationV1Api(api)
-
-    def raw(self, obj: Any) -> dict[str, Any]:
-        return dict(self.api.sanitize_for_serialization(obj))
-
-    def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(
-                call(
-                    self.custom.get_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                )
-            )
-        except NotFoundError:
-            return None
-
-    def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
-        found = call(self.core.list_namespaced_pod, namespace, label_selector=f"{labels.JOB}={job}")
-        return [pod_record(self.raw(p)) for p in found.items]
-
-    def node_views(self) -> dict[str, NodeView]:
-        views = (node_view(self.raw(n)) for n in call(self.core.list_node).items)
-        return {view.name: view for view in views}
-
-    def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None:
-        try:
-            return heartbeat_view(
-                self.raw(call(self.coordination.read_namespaced_lease, lease, namespace))
-            )
-        except NotFoundError:
-            return None
-
-    def _held(self) -> list[tuple[str, tuple[str, str]]]:
-        found = call(self.core.list_pod_for_all_namespaces, label_selector=labels.JOB)
-        return [
-            (str(pool), key) for p in found.items for pool, key in pod_by_pool(self.raw(p)).items()
-        ]
-
-    def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
-        """Node pools holding live pods of other TPU jobs."""
-        return frozenset(pool for pool, key in self._held() if key != (namespace, job))
-
-    def pool_holders(self, pool: str) -> frozenset[tuple[str, str]]:
-        return frozenset(key for held, key in self._held() if held == pool)
 
     def api_answers(self) -> None:
         """Raise UnavailableError unless the API server answers (its version: cheap)."""
@@ -157,27 +81,28 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
 
 
 def observe(
-    reads: ClusterReads,
+    cache: CachedView,
     body: Mapping[str, Any],
     parse: Callable[[Mapping[str, Any]], TPUTrainingJob] = parse_job,
 ) -> Observed:
-    """Everything the planner needs for the job whose current body is `body`, but the log
-    tails (`tails_to_read` says which; reading them is network I/O). `parse` turns the body
-    into the typed job (the operator's reuses the last parse of an unchanged body)."""
+    """Everything the planner needs for the job whose current body is `body`, from `cache`
+    (in the event loop, where kopf changes it), but the log tails (`tails_to_read` says
+    which; reading them is network I/O). `parse` turns the body into the typed job (the
+    operator's reuses the last parse of an unchanged body)."""
     job = parse(body)
     uid = str((body.get("metadata") or {}).get("uid") or "")
     pods = tuple(
         sorted(
-            (r.view for r in reads.pod_records(job.namespace, job.name) if uid and uid in r.owners),
+            (r.view for r in cache.pod_records(job.namespace, job.name) if uid and uid in r.owners),
             key=lambda p: p.name,
         )
     )
     return Observed(
         job=job,
         pods=pods,
-        nodes=reads.node_views(),
-        heartbeat=own_heartbeat(reads.heartbeat(job.namespace, manifests.lease_name(job)), uid),
-        busy_pools=reads.busy_pools(job.namespace, job.name),
+        nodes=cache.node_views(),
+        heartbeat=own_heartbeat(cache.heartbeat(job.namespace, manifests.lease_name(job)), uid),
+        busy_pools=cache.busy_pools(job.namespace, job.name),
     )
 
 

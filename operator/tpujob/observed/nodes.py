@@ -10,7 +10,7 @@ A single reading of Ready!=True (a kubelet restart, a few seconds of PLEG) or of
 `google.com/tpu` below capacity (a device-plugin restart) is not yet a failure; it becomes one
 when it has lasted a grace period. Not-Ready is timed from the Ready condition's
 lastTransitionTime; a TPU shortfall, which the Node object does not time, from when the
-operator first saw it (`track_tpu_shortfall`), the way the node-lifecycle controller keeps its
+operator first saw it (`note_tpu_shortfall`), the way the node-lifecycle controller keeps its
 own probe times in memory. Signals that are already settled verdicts count at once: the
 node-lifecycle controller's unreachable NoExecute taint (set only after its own
 node-monitor grace), the out-of-service taint an administrator sets, a Node object gone, and
@@ -20,7 +20,7 @@ See docs/gke-signals.md for the sources of each signal.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -215,7 +215,7 @@ def judge(
 ) -> Verdict:
     """The verdict on `node` at `now`.
 
-    `tpu_short_since` is the record of `track_tpu_shortfall`; None means no record is kept,
+    `tpu_short_since` is the record of `note_tpu_shortfall`; None means no record is kept,
     and a TPU shortfall then counts at once. A node missing from a kept record was short
     for the first time now.
     """
@@ -238,22 +238,16 @@ def lost(
     return judge(node, now=now, settings=settings).trouble.lost
 
 
-def track_tpu_shortfall(
-    previous: Mapping[str, datetime], nodes: Iterable[NodeView], *, now: datetime
-) -> dict[str, datetime]:
-    """The next record of when each node's TPU shortfall began.
-
-    A node short now keeps its earlier time (or gets `now`); a node that recovered, or that
-    is no longer seen, is dropped, so a flap restarts its grace.
-    """
-    return {node.name: previous.get(node.name, now) for node in nodes if tpu_short(node)}
-
-
 def note_tpu_shortfall(
     previous: Mapping[str, datetime], name: str, node: NodeView | None, *, now: datetime
 ) -> Mapping[str, datetime]:
-    """`track_tpu_shortfall` for one node's change (None: the node is gone): the same record
-    when nothing changed, else a new one (a record handed to a plan is never changed)."""
+    """The next record of when each node's TPU shortfall began, after a watch event showed
+    node `name` as `node` (None: the node is gone).
+
+    A node short now keeps its earlier time (or gets `now`); a node that recovered, or that
+    is gone, is dropped, so a flap restarts its grace. The same record when nothing changed,
+    else a new one (a record handed to a plan is never changed).
+    """
     short = node is not None and tpu_short(node)
     if short == (name in previous):
         return previous

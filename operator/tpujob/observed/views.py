@@ -290,7 +290,7 @@ class Observed:
     busy_pools: frozenset[str] = frozenset()
     log_tails: Mapping[str, str] = field(default_factory=dict)
     # When this operator first saw each node's allocatable google.com/tpu below capacity
-    # (`tpujob.observed.nodes.track_tpu_shortfall`). The node object carries no time for it.
+    # (`tpujob.observed.nodes.note_tpu_shortfall`). The node object carries no time for it.
     # None: the caller keeps no such record, and a shortfall counts as soon as it is seen.
     tpu_short_since: Mapping[str, datetime] | None = None
     # The Cloud TPU zone catalogue, when the operator is given one (advice only).

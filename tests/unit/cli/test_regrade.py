@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 import yaml
 from tests.unit.builders import at, job_body, observed, pod, running_status
-from tests.unit.fakes import FakeReader, RecordingWriter
+from tests.unit.fakes import FakeReader, RecordingWriter, deps_for
 
-from tpujob.controller.deps import Deps
 from tpujob.controller.sweeps import read_site_rules
 from tpujob.diagnosis.site import (
     SITE_RULES_CONFIGMAP,
@@ -76,7 +75,7 @@ def test_the_operator_grades_the_same_failure_in_another_job_by_the_site_rule() 
     document = yaml.safe_dump(with_rule({}, rule))
     reader = FakeReader([])
     reader.configs[("ops", SITE_RULES_CONFIGMAP)] = {SITE_RULES_KEY: document}  # type: ignore[attr-defined]
-    deps = Deps(reader=reader, writer=RecordingWriter(), ledger_namespace="ops")  # type: ignore[arg-type]
+    deps = deps_for(reader, RecordingWriter(), ledger_namespace="ops")
     asyncio.run(read_site_rules(deps))
     assert [r.name for r in deps.site_rules] == ["gcs"]
     # Another job, the same failure: graded by the site rule, which says so.
@@ -92,7 +91,7 @@ def test_the_operator_grades_the_same_failure_in_another_job_by_the_site_rule() 
 def test_a_site_rule_set_that_does_not_parse_leaves_the_last_good_one_in_force() -> None:
     reader = FakeReader([])
     reader.configs[("ops", SITE_RULES_CONFIGMAP)] = {SITE_RULES_KEY: "rules: [{name: x}]"}  # type: ignore[attr-defined]
-    deps = Deps(reader=reader, writer=RecordingWriter(), ledger_namespace="ops")  # type: ignore[arg-type]
+    deps = deps_for(reader, RecordingWriter(), ledger_namespace="ops")
     good = {"name": "g", "class": "soft", "why": "w", "set": "2026-12-01", "signature": "S:1"}
     kept = deps.site_rules = parse_site_rules(with_rule({}, good))
     asyncio.run(read_site_rules(deps))

@@ -7,12 +7,15 @@ import threading
 import time
 from typing import Any
 
+import kopf
 import pytest
 from tests.unit.builders import at, cluster, iso, job_body, pod, running_status, trainer_message
-from tests.unit.fakes import FakeReader, RecordingWriter, index
+from tests.unit.fakes import FakeReader, RecordingWriter, deps_for, index
 
 from tpujob.api import contract
+from tpujob.controller import handlers
 from tpujob.controller.reconcile import (
+    CACHE_WAIT_SECONDS,
     FINALIZER_POLL_SECONDS,
     REFUSED_RETRY_SECONDS,
     SLOW_PLAN_RETRY_SECONDS,
@@ -33,9 +36,28 @@ from tpujob.observed.views import heartbeat_view
 def run(
     reader: FakeReader, writer: RecordingWriter, deps: Deps | None = None, now: float = 20
 ) -> float | None:
-    deps = deps or Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps or deps_for(reader, writer)
     deps.clock = lambda: at(now)
     return asyncio.run(reconcile(deps, "team", "train"))
+
+
+def node_listing(deps: Deps, now: float) -> None:
+    """The node watch's first listing, as the operator's node handler sees it: one event per
+    node of the cache (the handler keeps the TPU-shortfall record the planner reads)."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    changed = next(
+        h for h in registry._watching.get_all_handlers() if h.id.endswith("node_changed")
+    )
+    assert deps.view is not None
+    names = list(deps.view.node_views())
+    deps.clock = lambda: at(now)
+
+    async def listed() -> None:
+        for name in names:
+            await changed.fn(name=name, memo=deps, type=None)
+
+    asyncio.run(listed())
 
 
 def launching_job() -> dict[str, Any]:
@@ -57,6 +79,15 @@ def test_a_launch_writes_status_then_the_fence_then_the_pods_then_events() -> No
     assert kinds.index("fence") < first_pod
     events = [i for i, k in enumerate(kinds) if k == "event"]
     assert all(i > first_pod for i in events)
+
+
+def test_a_reconcile_before_the_cache_is_attached_waits_for_it_and_touches_nothing() -> None:
+    writer = RecordingWriter()
+    deps = Deps(reader=FakeReader([], body=launching_job()), writer=writer)  # type: ignore[arg-type]
+    deps.jobs.written[("team", "train")] = launching_job()
+    assert run(FakeReader([]), writer, deps) == CACHE_WAIT_SECONDS
+    assert writer.calls == []
+    assert ("team", "train") in deps.jobs.written  # not taken for deleted
 
 
 def test_a_status_conflict_leaves_no_effect_behind() -> None:
@@ -158,7 +189,8 @@ def test_a_tpu_shortfall_fails_the_node_only_after_its_grace() -> None:
     nodes = cluster(**{"pool-0-w1": {"tpu": 2}})
     writer = RecordingWriter()
     reader = FakeReader(pods, body=job, nodes=nodes)
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
+    node_listing(deps, now=20)  # the operator's node watch starts; its record starts here
     run(reader, writer, deps, now=20)
     assert "delete" not in writer.kinds()  # a device plugin restart looks like this at first
     run(reader, writer, deps, now=20 + 61)
@@ -173,7 +205,7 @@ def test_planning_over_its_budget_is_a_condition_on_that_job_only() -> None:
     )
     writer = RecordingWriter()
     reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
-    deps = Deps(reader=reader, writer=writer, plan_budget_seconds=0)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer, plan_budget_seconds=0)
     delay = run(reader, writer, deps)
     assert delay == SLOW_PLAN_RETRY_SECONDS
     slow = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "PlanningSlow")
@@ -187,7 +219,7 @@ def test_a_finished_job_sleeps_until_its_pods_change_and_node_events_skip_it() -
     pods = [pod(job, 1, 0, 0, phase="Succeeded"), pod(job, 1, 0, 1, phase="Succeeded")]
     writer = RecordingWriter()
     reader = FakeReader(pods, body=job)
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     running = deps.wakes.waker(("team", "other"))
     finished = deps.wakes.waker(("team", "train"))
     run(reader, writer, deps)  # the reconcile that finds it finished
@@ -217,7 +249,7 @@ class TwoJobs(FakeReader):
 
 def test_jobs_planned_at_once_never_share_a_pool_and_one_too_many_waits() -> None:
     reader, writer = TwoJobs(), RecordingWriter()
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     deps.clock = lambda: at(0)
 
     async def both() -> None:
@@ -251,7 +283,7 @@ def test_a_job_with_no_free_pool_is_told_which_zones_offer_its_shape() -> None:
         project="p", offers={"us-central2-b": (Offer(name.type_name),), "europe-west4-a": ()}
     )
     reader, writer = FakeReader([], body=launching_job()), RecordingWriter()
-    deps = Deps(reader=reader, writer=writer, catalogue=source)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer, catalogue=source)
     deps.pools.holders.update({f"pool-{i}": ("team", f"other-{i}") for i in range(3)})
     run(reader, writer, deps)
     running = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "Running")
@@ -279,7 +311,7 @@ def test_a_change_of_progress_alone_is_written_at_most_once_per_interval() -> No
 
     writer = RecordingWriter()
     reader = FakeReader(pods, body=job, lease=lease(10))
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     run(reader, writer, deps, now=20)
     assert writer.kinds().count("status") == 1
     written = len(writer.statuses)
@@ -297,7 +329,7 @@ def test_a_change_of_progress_alone_is_written_at_most_once_per_interval() -> No
 def test_the_next_reconcile_plans_on_the_status_it_wrote_when_the_watch_is_behind() -> None:
     writer = RecordingWriter()
     reader = FakeReader([], body=launching_job())
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     writer.bump_version = True
     run(reader, writer, deps)
     assert writer.kinds().count("fence") == 1
@@ -324,7 +356,7 @@ def test_a_failed_pods_tail_is_read_once() -> None:
             return "killed"
 
     reader = CountingReader(pods, body=job)
-    deps = Deps(reader=reader, writer=RecordingWriter())  # type: ignore[arg-type]
+    deps = deps_for(reader, RecordingWriter())
     for now in (20, 21, 22):
         run(reader, RecordingWriter(), deps, now=now)
     assert CountingReader.reads == 1
@@ -339,18 +371,14 @@ def test_a_soft_blame_is_saved_in_the_ledger_after_the_status_and_survives_a_res
     logs = {"train-1-0-1": "RuntimeError: open(/dev/accel0): Device or resource busy"}
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, phase="Failed", exit_code=1)]
     reader, writer = FakeReader(pods, body=job, logs=logs), RecordingWriter()
-    deps = Deps(reader=reader, writer=writer, ledger_namespace="tpujob-system")  # type: ignore[arg-type]
+    deps = deps_for(reader, writer, ledger_namespace="tpujob-system")
     run(reader, writer, deps)
     kinds = writer.kinds()
     assert kinds.index("status") < kinds.index("config")
     saved = writer.configs[("tpujob-system", LEDGER_CONFIGMAP)][LEDGER_KEY]
     assert '"team/train"' in saved
     reader.configs.update(writer.configs)  # type: ignore[attr-defined]
-    restarted = Deps(
-        reader=reader,
-        writer=RecordingWriter(),  # type: ignore[arg-type]
-        ledger_namespace="tpujob-system",
-    )
+    restarted = deps_for(reader, ledger_namespace="tpujob-system")
     asyncio.run(load_ledger(restarted))
     assert [(b.node, b.job) for b in restarted.ledger.blames] == [
         (pods[1]["spec"]["nodeName"], "team/train")
@@ -365,7 +393,7 @@ def test_after_an_outage_nothing_is_planned_until_the_api_answers_and_ages_count
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
     reader = FakeReader(pods, body=job)
     writer = RecordingWriter(fail={"status": UnavailableError(0, "ConnectionRefused", "")})
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     with pytest.raises(UnavailableError):
         run(reader, writer, deps, now=20)
     assert deps.api.down
@@ -396,7 +424,7 @@ def test_only_an_api_that_does_not_answer_is_an_outage_for_every_job(
     job = job_body(status=running_status())
     reader = FakeReader([pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job)
     writer = RecordingWriter(fail={"status": error})
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     deps.api.reachable_since = at(0)
     with pytest.raises(UnavailableError):
         run(reader, writer, deps, now=20)
@@ -416,7 +444,7 @@ def test_jobs_retrying_after_an_outage_send_one_probe_and_all_go_on_when_it_answ
         answers()
 
     reader.api_answers = counted  # type: ignore[method-assign]
-    deps = Deps(reader=reader, writer=RecordingWriter())  # type: ignore[arg-type]
+    deps = deps_for(reader, RecordingWriter())
     deps.clock = lambda: at(60)
     deps.api.down = True
 
@@ -437,11 +465,8 @@ def test_the_operator_binds_itself_lease_rights_before_the_fence_never_in_system
     body = launching_job()
     body["metadata"]["namespace"] = namespace
     reader, writer = FakeReader([], body=body), RecordingWriter()
-    deps = Deps(
-        reader=reader,
-        writer=writer,  # type: ignore[arg-type]
-        lease_access=LeaseAccess(role="op-leases", account="op", account_namespace="ops"),
-    )
+    access = LeaseAccess(role="op-leases", account="op", account_namespace="ops")
+    deps = deps_for(reader, writer, lease_access=access)
     deps.clock = lambda: at(20)
     asyncio.run(reconcile(deps, namespace, "train"))
     kinds = writer.kinds()
@@ -501,7 +526,7 @@ def test_no_more_reconciles_run_at_once_than_there_are_slots(slots: int) -> None
     """A burst of jobs waking together must not hold every job's reconcile in memory at once."""
     writer = CountingWriter()
     reader = FakeReader([], body=launching_job())
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
+    deps = deps_for(reader, writer)
     deps.clock = lambda: at(20)
 
     async def burst() -> list[float | None]:
@@ -567,7 +592,7 @@ def test_the_clock_alone_never_writes_a_status(case: str, writes: bool) -> None:
 def test_a_job_is_parsed_again_only_when_its_version_changed(
     first: tuple[str, str], second: tuple[str, str], parsed_again: bool
 ) -> None:
-    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+    deps = deps_for(FakeReader([]), RecordingWriter())
 
     def body(uid: str, version: str) -> dict[str, Any]:
         job = job_body(status=running_status())
@@ -596,7 +621,7 @@ def test_a_new_job_waits_for_kopf_s_finalizer_before_its_first_status_write(
     job["metadata"]["finalizers"] = finalizers
     job["metadata"]["creationTimestamp"] = iso(at(20 - age_seconds))
     writer = RecordingWriter()
-    deps = Deps(reader=FakeReader([], body=job), writer=writer, finalizer="tpujob.dev/operator")  # type: ignore[arg-type]
+    deps = deps_for(FakeReader([], body=job), writer, finalizer="tpujob.dev/operator")
     delay = run(deps.reader, writer, deps, now=20)  # type: ignore[arg-type]
     assert (writer.calls == []) is waits
     assert (("team", "train") in deps.jobs.awaiting_finalizer) is waits

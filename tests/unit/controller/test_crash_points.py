@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from tests.unit.builders import at, cluster, job_body, pod, running_status
-from tests.unit.fakes import FakeReader
+from tests.unit.fakes import FakeReader, deps_for
 
 from tpujob.api import labels
-from tpujob.controller.reconcile import Deps, reconcile
+from tpujob.controller.reconcile import reconcile
 from tpujob.kube.apply import event_name
 from tpujob.kube.errors import ConflictError
 from tpujob.plan.result import EventSpec, NodeMark, PodDeletion
@@ -127,10 +127,7 @@ def recover(die_at: int | None) -> tuple[SimCluster, int]:
     sim, counter = SimCluster(), [0]
     died = False
     for step in range(12):
-        deps = Deps(
-            reader=sim.reader(),  # type: ignore[arg-type]
-            writer=SimWriter(sim, None if died else die_at, counter),
-        )  # type: ignore[arg-type]
+        deps = deps_for(sim.reader(), SimWriter(sim, None if died else die_at, counter))
         deps.clock = partial(at, 20 + step)
         try:
             asyncio.run(reconcile(deps, "team", "train"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import kopf
 import pytest
-from tests.unit.fakes import FakeReader, RecordingWriter
+from tests.unit.fakes import FakeReader, RecordingWriter, deps_for
 
 from tpujob.api import Phase
 from tpujob.controller import handlers
@@ -41,8 +41,7 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     daemon = next(h for h in registry._spawning.get_all_handlers() if h.id.endswith("run_job"))
-    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
-    deps.view = FakeReader([])
+    deps = deps_for(FakeReader([]), RecordingWriter())
     deps.pools.holders.update({"pool-0": ("team", "deleted"), "pool-1": ("team", "other")})
     shape = ("tpu-v4-podslice", "2x2x2")
     deps.metrics.record_job("team", "deleted", Phase.RUNNING, 0.9, 1)
@@ -140,7 +139,7 @@ def test_login_caps_kopfs_session_at_the_deps_connection_limit(
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     login = next(h for h in registry._activities.get_all_handlers() if h.id.endswith("login"))
-    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+    deps = deps_for(FakeReader([]), RecordingWriter())
     deps.kopf_connections = limit
 
     async def log_in() -> tuple[object, int | None, str | None]:
@@ -183,7 +182,7 @@ def test_a_job_event_wakes_its_daemon_only_when_the_awaited_finalizer_lands(
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     handler = next(h for h in registry._watching.get_all_handlers() if h.id.endswith("job_changed"))
-    deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
+    deps = deps_for(FakeReader([]), RecordingWriter())
     key = ("team", "train")
     if awaiting:
         deps.jobs.awaiting_finalizer.add(key)

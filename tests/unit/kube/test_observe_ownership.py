@@ -23,7 +23,7 @@ def test_a_labelled_pod_without_the_jobs_owner_uid_is_ignored() -> None:
     forged["metadata"]["ownerReferences"] = []
     previous_incarnation = pod(job, 1, 0, 1)
     previous_incarnation["metadata"]["ownerReferences"][0]["uid"] = "old-job-uid"
-    seen = observe(FakeReader([ours, forged, previous_incarnation]), job)  # type: ignore[arg-type]
+    seen = observe(FakeReader([ours, forged, previous_incarnation]), job)
     assert [p.name for p in seen.pods] == [ours["metadata"]["name"]]
 
 
@@ -49,5 +49,5 @@ def test_a_heartbeat_signed_by_another_job_is_not_the_jobs(
     if signed_by is not None:
         uid = job["metadata"]["uid"] if signed_by == "own" else signed_by
         beat["metadata"]["annotations"][contract.HEARTBEAT_JOB_UID] = uid
-    seen = observe(FakeReader([pod(job, 1, 0, 0)], lease=beat), job)  # type: ignore[arg-type]
+    seen = observe(FakeReader([pod(job, 1, 0, 0)], lease=beat), job)
     assert (seen.heartbeat is not None) is counted

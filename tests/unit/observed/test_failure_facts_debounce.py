@@ -10,7 +10,7 @@ import pytest
 from tests.unit.builders import at, cluster, iso, job_body, observed, pod, running_status
 
 from tpujob.api import Phase, labels
-from tpujob.observed.nodes import NodeHealthSettings, NodeTrouble, judge, track_tpu_shortfall
+from tpujob.observed.nodes import NodeHealthSettings, NodeTrouble, judge, note_tpu_shortfall
 from tpujob.observed.trouble import find_trouble
 from tpujob.observed.views import NodeView, node_view
 from tpujob.plan.planner import plan
@@ -157,10 +157,12 @@ def test_shortfall_record_keeps_the_first_time_and_forgets_recovered_nodes() -> 
         tpu_capacity=4,
         tpu_allocatable=4,
     )
-    first = track_tpu_shortfall({}, [short, healthy], now=at(10))
+    first = note_tpu_shortfall(
+        note_tpu_shortfall({}, "n0", short, now=at(10)), "n1", healthy, now=at(10)
+    )
     assert first == {"n0": at(10)}
-    assert track_tpu_shortfall(first, [short], now=at(30)) == {"n0": at(10)}
-    assert track_tpu_shortfall(first, [node_view(raw_node())], now=at(40)) == {}
+    assert note_tpu_shortfall(first, "n0", short, now=at(30)) == {"n0": at(10)}
+    assert note_tpu_shortfall(first, "n0", node_view(raw_node()), now=at(40)) == {}
 
 
 def two_workers_on(job: dict[str, Any]) -> list[dict[str, Any]]:

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 from tests.unit.builders import at, job_body, node
-from tests.unit.fakes import FakeReader, RecordingWriter
+from tests.unit.fakes import FakeReader, RecordingWriter, deps_for
 
 from tpujob.api import BadNodeAction, labels
-from tpujob.controller.deps import Deps
 from tpujob.controller.sweeps import sweep_orphaned_marks
 from tpujob.observed.views import node_view
 from tpujob.plan.marks import orphaned_marks
@@ -64,8 +63,7 @@ def test_the_operator_sweeps_orphaned_marks_from_its_cache() -> None:
         [], body=live, nodes=[marked(GONE), marked("team/train: NODE_LOST", name="n1")]
     )
     writer = RecordingWriter()
-    deps = Deps(reader=reader, writer=writer)  # type: ignore[arg-type]
-    deps.view = reader
+    deps = deps_for(reader, writer)
     deps.clock = lambda: NOW
     assert asyncio.run(sweep_orphaned_marks(deps)) == ["n0"]
     assert writer.calls == [("mark", "n0")]
