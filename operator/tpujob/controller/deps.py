@@ -241,6 +241,8 @@ class Deps:
         default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS)
     )
     lease_access: LeaseAccess | None = None
+    # How often the cache is checked for ghosts (`sweeps.check_for_ghosts`); 0: never.
+    cache_check_seconds: float = 300.0
     kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session
 
     def __copy__(self) -> Deps:

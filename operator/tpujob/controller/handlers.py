@@ -26,7 +26,12 @@ import kopf
 from tpujob.api import GROUP, PLURAL, VERSION, labels
 from tpujob.controller.ledger_store import load_ledger
 from tpujob.controller.reconcile import Deps, reconcile, release_pools
-from tpujob.controller.sweeps import clear_orphaned_marks, refresh_catalogue, refresh_site_rules
+from tpujob.controller.sweeps import (
+    check_for_ghosts,
+    clear_orphaned_marks,
+    refresh_catalogue,
+    refresh_site_rules,
+)
 from tpujob.kube import cache
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.observed.nodes import down_now, note_tpu_shortfall, placeable
@@ -100,6 +105,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             memo.background.append(asyncio.create_task(refresh_catalogue(memo)))
         memo.background.append(asyncio.create_task(clear_orphaned_marks(memo)))
         memo.background.append(asyncio.create_task(refresh_site_rules(memo)))
+        memo.background.append(asyncio.create_task(check_for_ghosts(memo)))
 
     _register_indexes(registry)
 

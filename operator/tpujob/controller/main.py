@@ -167,6 +167,13 @@ def register(subparsers: Any) -> None:
         help="seconds one job's planning (its diagnosis included) may take",
     )
     p.add_argument(
+        "--cache-check-seconds",
+        type=float,
+        default=300.0,
+        help="how often to list the uids of the pods, nodes and jobs the operator caches, to "
+        "drop those whose deletion a broken watch missed (gone from two lists in a row); 0: never",
+    )
+    p.add_argument(
         "--gcp-project",
         default=None,
         help="with --gcp-zones: read the Cloud TPU zone catalogue (tpujob[gcp]) to "
@@ -235,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         settings=settings,
         wakes=WakeBook(progress_interval_seconds=args.progress_interval),
         plan_budget_seconds=args.plan_budget,
+        cache_check_seconds=args.cache_check_seconds,
         ledger_namespace=args.ledger_namespace or None,
         catalogue_refresh_seconds=args.gcp_refresh_hours * 3600,
         kopf_connections=kopf_connection_limit(tuple(args.namespace)),

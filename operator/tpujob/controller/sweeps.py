@@ -8,13 +8,16 @@ loop that lives as long as the operator and never holds a reconcile.
   last good one kept;
 * `clear_orphaned_marks`: takes off the marks of lost nodes whose job is gone, once the node
   has been back long enough (`tpujob.plan.marks.orphaned_marks`); only the job that made a
-  mark takes it off otherwise, and a job deleted first would leave the node marked forever.
+  mark takes it off otherwise, and a job deleted first would leave the node marked forever;
+* `check_for_ghosts`: lists the uids of the pods, nodes and jobs the cache holds and drops
+  those the cluster no longer has, whose deletion a broken watch missed (`tpujob.kube.ghosts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import yaml
 
@@ -25,7 +28,7 @@ from tpujob.diagnosis.site import (
     SiteRulesError,
     parse_site_rules,
 )
-from tpujob.kube.errors import KubeError
+from tpujob.kube.errors import ForbiddenError, KubeError
 from tpujob.plan.marks import orphaned_marks
 
 log = logging.getLogger("tpujob.controller.sweeps")
@@ -102,3 +105,59 @@ async def sweep_orphaned_marks(deps: Deps) -> list[str]:
         log.info("node %s: took off the mark of a job that is gone (%s)", mark.node, mark.reason)
         cleared.append(mark.node)
     return cleared
+
+
+async def check_for_ghosts(deps: Deps) -> None:
+    """Check the cache for ghosts every `Deps.cache_check_seconds`, for as long as the
+    operator runs (0: never)."""
+    if deps.cache_check_seconds <= 0:
+        return
+    while True:
+        await asyncio.sleep(deps.cache_check_seconds)
+        await find_ghosts(deps)
+
+
+async def find_ghosts(deps: Deps) -> None:
+    """One check: list what the cache holds and note the ghosts (`tpujob.kube.ghosts`); wake
+    the jobs whose pods, nodes or selves turned out to be ghosts, so they see it at once."""
+    view = deps.view
+    if view is None:
+        return
+    cached = view.cached_uids()  # before the lists: see `GhostFinder` for why either order works
+    try:
+        pods = await _list(deps, "pods", cached.pod_namespaces)
+        nodes = await _list(deps, "nodes", frozenset())
+        jobs = await _list(deps, "jobs", cached.job_namespaces)
+    except KubeError as err:  # a list that failed proves nothing gone; the next check tries
+        log.warning("cache check: could not list what exists, checked again later: %s", err)
+        return
+    checks = (
+        ("pods", view.ghosts.pods, cached.pods, pods),
+        ("nodes", view.ghosts.nodes, cached.nodes, nodes),
+        ("jobs", view.ghosts.jobs, cached.jobs, jobs),
+    )
+    found = False
+    for kind, finder, held, listed in checks:
+        before = finder.ghosts
+        if finder.compare(held, listed) - before:
+            found = True
+            log.warning(
+                "cache: dropped %d %s the cluster no longer has (their deletion was missed"
+                " while a watch was down)",
+                len(finder.ghosts),
+                kind if len(finder.ghosts) != 1 else kind.removesuffix("s"),
+            )
+    now = time.monotonic()
+    for key in view.jobs_with_ghosts() if found else ():
+        deps.wakes.wake(key, at=now)
+
+
+async def _list(deps: Deps, kind: str, namespaces: frozenset[str]) -> frozenset[str]:
+    """The uids of `kind` that exist: one list of the whole cluster, or, where the operator
+    may list only the namespaces it serves, one per namespace the cache holds some in."""
+    try:
+        return await deps.run(deps.reader.uids, kind, ())
+    except ForbiddenError:
+        if not namespaces:
+            raise
+        return await deps.run(deps.reader.uids, kind, tuple(sorted(namespaces)))

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tpujob.api import labels
+from tpujob.kube.ghosts import Ghosts
 from tpujob.observed.redact import redact
 from tpujob.observed.views import Heartbeat, NodeView, PodView, heartbeat_view, node_view, pod_view
 
@@ -176,9 +177,25 @@ def _one(index: Index, key: Hashable) -> Any:
 
 
 @dataclass(frozen=True)
+class CachedUids:
+    """The uids the cache holds, by kind, and the namespaces its pods and jobs are in."""
+
+    pods: frozenset[str]
+    nodes: frozenset[str]
+    jobs: frozenset[str]
+    pod_namespaces: frozenset[str]
+    job_namespaces: frozenset[str]
+
+
+def _uid(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid") or "")
+
+
+@dataclass(frozen=True)
 class CachedView:
     """One reconcile's reads, answered from the watch-fed indexes (in the event loop only:
-    kopf changes the indexes there)."""
+    kopf changes the indexes there), less the ghosts (`tpujob.kube.ghosts`): entries of
+    objects the cluster no longer has, whose deletion a broken watch missed."""
 
     jobs: Index
     pods: Index
@@ -188,37 +205,102 @@ class CachedView:
     node_pods: Index = field(default_factory=dict)
     # Fed by the node index: reconciles read its snapshot instead of walking the index.
     node_book: NodeBook = field(default_factory=NodeBook)
+    # Noted by the operator's cache check (`tpujob.controller.sweeps.find_ghosts`); empty but
+    # after a broken watch, so the reads below pay for the filtering only then.
+    ghosts: Ghosts = field(default_factory=Ghosts)
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job's record, shared: read it, never change it (see `job_record`)."""
         found: dict[str, Any] | None = _one(self.jobs, (namespace, name))
-        return found
+        gone = self.ghosts.jobs.ghosts
+        return None if found is not None and gone and _uid(found) in gone else found
 
     def pod_records(self, namespace: str, job: str) -> list[PodRecord]:
-        return list(self.pods.get((namespace, job), ()))
+        records = list(self.pods.get((namespace, job), ()))
+        gone = self.ghosts.pods.ghosts
+        return [r for r in records if r.view.uid not in gone] if gone else records
 
     def node_views(self) -> Mapping[str, NodeView]:
-        return self.node_book.snapshot()
+        gone = self.ghosts.nodes.ghosts
+        nodes = self.node_book.snapshot()
+        if not gone:
+            return nodes
+        return MappingProxyType({name: v for name, v in nodes.items() if v.uid not in gone})
 
     def node(self, name: str) -> NodeView | None:
         found: NodeView | None = _one(self.nodes, name)
-        return found
+        return None if found is not None and found.uid in self.ghosts.nodes.ghosts else found
 
     def heartbeat(self, namespace: str, lease: str) -> Heartbeat | None:
         found: Heartbeat | None = _one(self.heartbeats, (namespace, lease))
         return found
+
+    def _held(self, pool: Hashable) -> frozenset[JobKey]:
+        """The jobs holding `pool`: a holder whose every pod there is a ghost holds nothing."""
+        holders = frozenset(self.pools.get(pool, ()))
+        gone = self.ghosts.pods.ghosts
+        if not gone:
+            return holders
+        return frozenset(
+            key
+            for key in holders
+            if any(
+                r.view.node_pool == pool and r.view.uid not in gone for r in self.pods.get(key, ())
+            )
+        )
 
     def busy_pools(self, namespace: str, job: str) -> frozenset[str]:
         """Pools where live pods of other jobs hold chips: every held pool but those held by
         this job alone, which can only be pools its own pods ask for (so a thousand held
         pools cost a set, not a look at each one's holders)."""
         me = (namespace, job)
+        if self.ghosts.pods.ghosts:
+            return frozenset(str(p) for p in self.pools if self._held(p) - {me})
         mine = {r.view.node_pool for r in self.pods.get(me, ()) if r.view.node_pool}
         alone = {pool for pool in mine if all(holder == me for holder in self.pools.get(pool, ()))}
         return frozenset(str(pool) for pool in self.pools) - alone
 
     def pool_holders(self, pool: str) -> frozenset[JobKey]:
-        return frozenset(self.pools.get(pool, ()))
+        return self._held(pool)
 
     def jobs_on_node(self, node: str) -> frozenset[JobKey]:
         return frozenset(self.node_pods.get(node, ()))
+
+    def cached_uids(self) -> CachedUids:
+        """What the cache holds, for the ghost check (a walk of every index: seldom)."""
+        pods = [(key, r) for key, records in self.pods.items() for r in records]
+        bodies = [b for found in self.jobs.values() for b in found]
+        return CachedUids(
+            pods=frozenset(r.view.uid for _, r in pods),
+            nodes=frozenset(v.uid for v in self.node_book.snapshot().values()),
+            jobs=frozenset(_uid(b) for b in bodies),
+            pod_namespaces=frozenset(str(key[0]) for key, _ in pods if isinstance(key, tuple)),
+            job_namespaces=frozenset(
+                str((b.get("metadata") or {}).get("namespace") or "") for b in bodies
+            ),
+        )
+
+    def jobs_with_ghosts(self) -> frozenset[JobKey]:
+        """The jobs a ghost concerns: its pod, a node its pods are on, the job itself."""
+        pods, nodes, jobs = (
+            self.ghosts.pods.ghosts,
+            self.ghosts.nodes.ghosts,
+            self.ghosts.jobs.ghosts,
+        )
+        found: set[JobKey] = set()
+        if pods:
+            found.update(
+                key
+                for key, records in self.pods.items()
+                if isinstance(key, tuple) and any(r.view.uid in pods for r in records)
+            )
+        for view in self.node_book.snapshot().values() if nodes else ():
+            if view.uid in nodes:
+                found.update(self.jobs_on_node(view.name))
+        if jobs:
+            found.update(
+                key
+                for key, bodies in self.jobs.items()
+                if isinstance(key, tuple) and any(_uid(b) in jobs for b in bodies)
+            )
+        return frozenset(found)

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from tpujob.api import TPUTrainingJob, parse_job
+from tpujob.kube import uids
 from tpujob.kube.cache import CachedView
 from tpujob.kube.errors import KubeError, NotFoundError, call
 from tpujob.observed.redact import redact
@@ -28,7 +29,7 @@ LOG_TAIL_CHARS = 16 * 1024
 
 class Reader:
     """What the watch-fed cache cannot answer, asked of the API over one ApiClient: whether
-    it answers at all, a ConfigMap's data, a pod's log tail."""
+    it answers at all, a ConfigMap's data, a pod's log tail, which objects exist now."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -45,6 +46,15 @@ class Reader:
         except NotFoundError:
             return {}
         return {str(k): str(v) for k, v in (found.data or {}).items()}
+
+    def uids(self, kind: str, namespaces: tuple[str, ...]) -> frozenset[str]:
+        """The uids of the `kind` ("pods", "nodes", "jobs") that exist, in `namespaces` or in
+        all (`tpujob.kube.uids`): what the cache is checked against for ghosts."""
+        if kind == "nodes":
+            return uids.node_uids(self.api)
+        if kind == "jobs":
+            return uids.job_uids(self.api, namespaces)
+        return uids.pod_uids(self.api, namespaces)
 
     def log_tail(self, namespace: str, pod: str) -> str:
         """The pod's last lines, secrets redacted: they are copied into the job's status and
