@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -207,35 +208,129 @@ def test_happy_path_trains_to_the_end_with_a_live_heartbeat(
     assert timeline_kinds(status)[:2] == ["Started", "PodsCreated"]
 
 
-def test_worker_killed_is_a_soft_restart_from_the_checkpoint(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    run = Run(cluster, namespace, operator, training_job("soft", tmp_path, steps=FAULTED_STEPS))
-    before = run.wait_training(step=22)
-    cluster.tpujob("local", "fault", "kill", "soft-1-0-1", "-n", namespace)
-    status = run.wait_phase("Succeeded")
-    assert_recovered(status, soft=1)
-    assert status["lastFailure"]["class"] == "soft"
-    assert status["lastFailure"]["pod"] == "soft-1-0-1"
-    resumed_from_checkpoint(run, before.get("checkpointStep"))
-    assert any(m.startswith("[SOFT]") for m in run.events())
+@dataclass(frozen=True)
+class Scenario:
+    """One fault and how the job must come out of it.
+
+    The fault is either the trainer's own (`faults`, `--fault` arguments, at a step) or one the
+    local cluster makes (`cluster_fault`: `tpujob local fault KIND` on the pod or the node of
+    `target`, a (slice, worker), once attempt 1 trains past `after_step`).
+    """
+
+    name: str
+    phase: str
+    restarts: tuple[int, int, int] | None  # soft, medium, hard; None: `attempt` says enough
+    failure: tuple[str, str]  # lastFailure (class, code)
+    faults: tuple[str, ...] = ()
+    cluster_fault: tuple[str, str] | None = None  # (kind, "pod" | "node")
+    target: tuple[int, int] = (0, 0)
+    after_step: int = 15
+    steps: int = 60
+    recovery: dict[str, Any] = field(default_factory=dict)
+    attempt: int | None = None  # the attempt it ends in, when that is the point
+    blames_node: bool = False  # the target's node is the job's failed node
+    condition_reason: str | None = None  # of the Failed condition
+    # The environment the retry runs in (what an adjusted retry adjusted), on attempt 2's pods.
+    retry_env: dict[str, str] = field(default_factory=dict)
 
 
-def test_collective_timeout_is_a_medium_restart_with_a_longer_timeout(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+SCENARIOS = [
+    Scenario(
+        "worker-killed-soft",
+        "Succeeded",
+        (1, 0, 0),
+        ("soft", "PROCESS_KILLED"),
+        cluster_fault=("kill", "pod"),
+        target=(0, 1),
+        after_step=22,
+        steps=FAULTED_STEPS,
+    ),
+    Scenario(
+        "collective-timeout-medium",
+        "Succeeded",
+        (0, 1, 0),
+        ("medium", "COLLECTIVE_TIMEOUT"),
+        faults=("exit-code=31@25:worker=0:attempt=1",),
+        retry_env={"TPUJOB_COLLECTIVE_TIMEOUT_SECONDS": "30"},  # doubled from 15
+    ),
+    Scenario(
+        "tpu-unhealthy-hard",
+        "Succeeded",
+        (0, 0, 1),
+        ("hard", "TPU_UNHEALTHY"),
+        cluster_fault=("tpu-unhealthy", "node"),
+        steps=FAULTED_STEPS,
+        blames_node=True,
+    ),
+    Scenario(
+        "heartbeat-stalled-soft",
+        "Succeeded",
+        (1, 0, 0),
+        ("soft", "HANG"),
+        faults=("hang@18:worker=1:attempt=1",),
+        recovery={"stallTimeoutSeconds": 15},
+    ),
+    Scenario(
+        "shape-mismatch-fatal-at-once",
+        "Failed",
+        (0, 0, 0),
+        ("fatal", "SHAPE_MISMATCH"),
+        faults=("shape@8",),
+        attempt=1,
+        condition_reason="FatalFailure",
+    ),
+    Scenario(
+        "same-failure-same-step-twice-fatal",
+        "Failed",
+        None,  # the first failure's grade is the text's guess; that it is retried once matters
+        ("fatal", "DETERMINISTIC_REPEAT"),
+        faults=("exit-code=1@15:worker=0",),
+        attempt=2,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SCENARIOS, ids=[c.name for c in SCENARIOS])
+def test_a_fault_is_recovered_as_its_class_says(
+    case: Scenario, cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    run = Run(
-        cluster,
-        namespace,
-        operator,
-        training_job("medium", tmp_path, faults=("exit-code=31@25:worker=0:attempt=1",)),
-    )
-    status = run.wait_phase("Succeeded")
-    assert_recovered(status, medium=1)
-    assert status["lastFailure"]["code"] == "COLLECTIVE_TIMEOUT"
-    assert status["currentAttempt"]["collectiveTimeoutSeconds"] == 30  # doubled from 15
-    env = {e.name: e.value for e in run.pods(2)[0].spec.containers[0].env}
-    assert env["TPUJOB_COLLECTIVE_TIMEOUT_SECONDS"] == "30"
+    name = case.name.split("-")[0]
+    body = training_job(name, tmp_path, steps=case.steps, faults=case.faults, **case.recovery)
+    run = Run(cluster, namespace, operator, body)
+    before: dict[str, Any] = {}
+    node = ""
+    if case.cluster_fault is not None:
+        kind, on = case.cluster_fault
+        before = run.wait_training(step=case.after_step)
+        slice_index, worker = case.target
+        node = run.node_of(1, slice_index, worker)
+        pod = f"{name}-1-{slice_index}-{worker}"
+        where = [pod, "-n", namespace] if on == "pod" else [node]
+        cluster.tpujob("local", "fault", kind, *where)
+    status = run.wait_phase(case.phase)
+    failure = status["lastFailure"]
+    assert (failure["class"], failure["code"]) == case.failure, failure
+    if case.phase == "Succeeded" and case.restarts is not None:
+        soft, medium, hard = case.restarts
+        assert_recovered(status, soft=soft, medium=medium, hard=hard)
+        assert status["progress"]["step"] == case.steps
+    elif case.restarts is not None:
+        restarts = status["restarts"]
+        assert (restarts["soft"], restarts["medium"], restarts["hard"]) == case.restarts, status
+    if case.attempt is not None:
+        assert status["attempt"] == case.attempt
+    if before.get("checkpointStep") is not None and case.phase == "Succeeded":
+        resumed_from_checkpoint(run, before["checkpointStep"])
+    failed_nodes = [n["name"] for n in status["failedNodes"]]
+    assert failed_nodes == ([node] if case.blames_node else []), status["failedNodes"]
+    if case.condition_reason is not None:
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == case.condition_reason, failed
+    for pod in run.pods(2) if case.retry_env else ():
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert {k: env.get(k) for k in case.retry_env} == case.retry_env, pod.metadata.name
+    cls, code = case.failure
+    run.told(lambda m: m.startswith(f"[{cls.upper()}] {code}"))
 
 
 def test_node_down_taints_the_node_moves_the_slice_and_untaints_it_once_back(
@@ -273,48 +368,6 @@ def test_node_down_taints_the_node_moves_the_slice_and_untaints_it_once_back(
     assert [n["name"] for n in run.status()["failedNodes"]] == [node]
 
 
-def test_unhealthy_tpu_is_hard_and_blames_that_node(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    run = Run(cluster, namespace, operator, training_job("tpu", tmp_path, steps=FAULTED_STEPS))
-    run.wait_training(step=15)
-    node = run.node_of(1, 0, 0)
-    cluster.tpujob("local", "fault", "tpu-unhealthy", node)
-    status = run.wait_phase("Succeeded")
-    assert_recovered(status, hard=1)
-    assert status["lastFailure"]["code"] == "TPU_UNHEALTHY"
-    assert [n["name"] for n in status["failedNodes"]] == [node]
-
-
-def test_shape_mismatch_is_fatal_at_once_with_advice(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    run = Run(cluster, namespace, operator, training_job("shape", tmp_path, faults=("shape@8",)))
-    status = run.wait_phase("Failed")
-    assert status["attempt"] == 1
-    assert status["restarts"]["total"] == 0
-    assert status["lastFailure"]["class"] == "fatal"
-    assert status["lastFailure"]["code"] == "SHAPE_MISMATCH"
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == "FatalFailure"
-    run.told(lambda m: m.startswith("[FATAL] SHAPE_MISMATCH"))
-
-
-def test_the_same_failure_at_the_same_step_twice_becomes_fatal(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    run = Run(
-        cluster,
-        namespace,
-        operator,
-        training_job("repeat", tmp_path, faults=("exit-code=1@15:worker=0",)),
-    )
-    status = run.wait_phase("Failed")
-    assert status["attempt"] == 2
-    assert status["lastFailure"]["code"] == "DETERMINISTIC_REPEAT"
-    assert "same" in status["lastFailure"]["summary"].lower()
-
-
 def test_failed_node_budget_exceeded_fails_the_job(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -328,22 +381,6 @@ def test_failed_node_budget_exceeded_fails_the_job(
     assert failed["reason"] == "FailedNodeBudgetExceeded"
     assert status["restarts"]["hard"] == 1
     assert len(status["failedNodes"]) == 1
-
-
-def test_stalled_heartbeat_is_recovered_as_a_hang(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    run = Run(
-        cluster,
-        namespace,
-        operator,
-        training_job(
-            "hang", tmp_path, faults=("hang@18:worker=1:attempt=1",), stallTimeoutSeconds=15
-        ),
-    )
-    status = run.wait_phase("Succeeded")
-    assert status["lastFailure"]["code"] == "HANG"
-    assert status["restarts"]["total"] == 1
 
 
 def test_maintenance_sigterm_saves_and_resumes_from_that_step_elsewhere(
