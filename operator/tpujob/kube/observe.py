@@ -18,8 +18,9 @@ from tpujob.kube import uids
 from tpujob.kube.cache import CachedView
 from tpujob.kube.errors import KubeError, NotFoundError, call
 from tpujob.observed.redact import redact
-from tpujob.observed.views import Observed, own_heartbeat
+from tpujob.observed.views import NodeView, Observed, PodView, own_heartbeat
 from tpujob.plan import manifests
+from tpujob.plan.placement import pools_of
 
 LOG_TAIL_LINES = 80
 # A line may be long (a tensor printed whole): the tail kept is bounded in characters too, so
@@ -101,19 +102,49 @@ def observe(
     operator's reuses the last parse of an unchanged body)."""
     job = parse(body)
     uid = str((body.get("metadata") or {}).get("uid") or "")
+    nodes = cache.node_views()
     pods = tuple(
         sorted(
-            (r.view for r in cache.pod_records(job.namespace, job.name) if uid and uid in r.owners),
+            (
+                r.view
+                for r in cache.pod_records(job.namespace, job.name)
+                if uid and uid in r.owners and made_as_placed(job, r.view, nodes)
+            ),
             key=lambda p: p.name,
         )
     )
     return Observed(
         job=job,
         pods=pods,
-        nodes=cache.node_views(),
+        nodes=nodes,
         heartbeat=own_heartbeat(cache.heartbeat(job.namespace, manifests.lease_name(job)), uid),
         busy_pools=cache.busy_pools(job.namespace, job.name),
     )
+
+
+def made_as_placed(job: TPUTrainingJob, pod: PodView, nodes: Mapping[str, NodeView]) -> bool:
+    """Whether `pod` could be one the operator made: named as it names its pods and, in the
+    current attempt, asking for the pool the job's status placed its slice on and bound to a
+    node of that pool.
+
+    Owner references and labels are written by whoever creates a pod. A pod forged with the
+    job's uid and `nodeName` set to any node (the control plane's, another tenant's) bypasses
+    the scheduler, and its failure, read as the job's, would be evidence against that node.
+    The operator never sets `nodeName`: its pods land where the scheduler put them, on the
+    pool it placed their slice on. (A forged pod on a node of the job's own pool blames only
+    what the job holds.)
+    """
+    prefix, suffix = f"{job.name}-", f"-{pod.slice}-{pod.worker}"
+    made = pod.name.removeprefix(prefix).removesuffix(suffix)  # the attempt that named it
+    if not (pod.name.startswith(prefix) and pod.name.endswith(suffix) and made.isdigit()):
+        return False
+    if pod.attempt != job.status.attempt:
+        return True
+    placed = pools_of(job.status.current_attempt).get(pod.slice)
+    if placed is None:
+        return True
+    node = nodes.get(pod.node) if pod.node else None
+    return pod.node_pool == placed and (node is None or node.pool == placed)
 
 
 def tails_to_read(observed: Observed) -> list[tuple[str, str]]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from tests.unit.builders import job_body, lease, pod, running_status
+from tests.unit.builders import cluster, job_body, lease, pod, running_status
 from tests.unit.fakes import FakeReader
 
-from tpujob.api import contract
+from tpujob.api import contract, labels
 from tpujob.api.job import parse_job
 from tpujob.kube.observe import observe, owned_by
 from tpujob.plan.manifests import lease_name
@@ -51,3 +53,38 @@ def test_a_heartbeat_signed_by_another_job_is_not_the_jobs(
         beat["metadata"]["annotations"][contract.HEARTBEAT_JOB_UID] = uid
     seen = observe(FakeReader([pod(job, 1, 0, 0)], lease=beat), job)
     assert (seen.heartbeat is not None) is counted
+
+
+def _forged(job: dict[str, Any], how: str) -> dict[str, Any]:
+    forged = pod(job, 1, 0, 1)
+    if how == "renamed":
+        forged["metadata"]["name"] = "innocent-looking"
+    elif how == "other-pool-node":
+        forged["spec"]["nodeName"] = "pool-2-w0"
+    elif how == "control-plane-node":
+        forged["spec"]["nodeName"] = "control-plane"
+        forged["spec"]["nodeSelector"] = {}
+    elif how == "other-pool-selector":
+        forged["spec"]["nodeSelector"][labels.NODEPOOL] = "pool-2"
+        forged["spec"]["nodeName"] = "pool-2-w0"
+    return forged
+
+
+@pytest.mark.parametrize(
+    ("how", "counted"),
+    [
+        ("as-made", True),
+        ("renamed", False),
+        ("other-pool-node", False),
+        ("control-plane-node", False),
+        ("other-pool-selector", False),
+    ],
+)
+def test_a_pod_the_operator_could_not_have_made_is_not_the_jobs(how: str, counted: bool) -> None:
+    """Owned by the job (its uid) and labelled as its worker 1, but named, placed or bound
+    where the operator never puts its pods: a forgery, whose failure would blame that node."""
+    job = job_body(status=running_status())
+    control_plane = {"metadata": {"name": "control-plane", "uid": "uid-cp", "labels": {}}}
+    nodes = [*cluster(), control_plane]
+    seen = observe(FakeReader([pod(job, 1, 0, 0), _forged(job, how)], nodes=nodes), job)  # type: ignore[arg-type]
+    assert (len(seen.pods) == 2) is counted, [p.name for p in seen.pods]
