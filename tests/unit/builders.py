@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tpujob.api import contract, labels, parse_job
+from tpujob.api import GROUP, KIND, VERSION, contract, labels, parse_job
 from tpujob.observed.views import Observed, heartbeat_view, node_view, pod_view
 from tpujob.plan import manifests
 from tpujob.plan.placement import pools_of
@@ -160,6 +160,11 @@ def trainer_message(code: contract.ExitCode, summary: str, step: int | None = 30
             code=info.code, exit_code=int(code), class_hint=info.hint, summary=summary, step=step
         )
     )
+
+
+def lease_owner(job: str = "train", uid: str = "uid-train") -> list[dict[str, Any]]:
+    """The owner reference the operator writes on job `job`'s heartbeat Lease."""
+    return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": job, "uid": uid}]
 
 
 def lease(

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from tpujob.api import labels
+from tpujob.api import KIND, labels
 from tpujob.kube.ghosts import Ghosts
 from tpujob.observed.redact import redact
 from tpujob.observed.views import Heartbeat, NodeView, PodView, heartbeat_view, node_view, pod_view
+from tpujob.plan.manifests import heartbeat_lease_name
 
 Index = Mapping[Hashable, Iterable[Any]]
 JobKey = tuple[str, str]
@@ -137,7 +138,23 @@ class NodeBook:
 
 
 def lease_record(raw: Mapping[str, Any]) -> dict[Hashable, Heartbeat]:
+    """A job's heartbeat Lease: one that a job owns under the name the operator gives it.
+
+    The label the watch selects by is free to write, and a Lease may carry 256 KiB of
+    annotations: without the owner, a tenant's labelled Leases would be cached without bound.
+    An owner reference that names no existing job is removed by the garbage collector, and
+    the name is the owner's own, so a job has one such Lease at most.
+    """
     meta = raw.get("metadata") or {}
+    name = meta.get("name")
+    refs = meta.get("ownerReferences") or ()
+    if not any(
+        isinstance(r, Mapping)
+        and r.get("kind") == KIND
+        and name == heartbeat_lease_name(str(r.get("name")))
+        for r in refs
+    ):
+        return {}
     view = heartbeat_view(raw)
     return {(str(meta.get("namespace")), str(meta.get("name"))): view} if view else {}
 

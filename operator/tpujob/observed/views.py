@@ -228,7 +228,7 @@ class Heartbeat:
     rejoins: bool = False
     # The uid of the job whose trainer wrote the beat; None from a trainer that does not say.
     job_uid: str | None = None
-    # Every annotation, for readers of the trainer's health numbers (untrusted text).
+    # The health numbers' annotations (`HEALTH_ANNOTATIONS`, bounded; untrusted text).
     annotations: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -236,6 +236,17 @@ class Heartbeat:
 # of these ranges is absent evidence, never a crash of the planner or a status the API refuses.
 MAX_STEP = 10**12
 MAX_STEPS_PER_SECOND = 1e6
+# The annotations the health numbers are read from (`tpujob.observed.training.parse_health`):
+# the only ones kept, each bounded, so a Lease's 256 KiB of annotations are not all cached.
+# A per-worker list of the largest slices (1,536 hosts, 12 characters each) fits.
+HEALTH_ANNOTATIONS = (
+    contract.HEARTBEAT_HEALTH_STEP,
+    contract.HEARTBEAT_INPUT_BOUND_FRACTION,
+    contract.HEARTBEAT_WORKER_INPUT_BOUND,
+    contract.HEARTBEAT_WORKER_STEP_SECONDS,
+    contract.HEARTBEAT_WORKER_RSS_BYTES,
+)
+MAX_HEALTH_CHARS = 24 * 1024
 
 
 def _bounded_int(value: Any, low: int, high: int) -> int | None:
@@ -265,7 +276,11 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
         rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
         job_uid=_str(notes.get(contract.HEARTBEAT_JOB_UID)),
-        annotations={str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {},
+        annotations={
+            key: value[:MAX_HEALTH_CHARS]
+            for key in HEALTH_ANNOTATIONS
+            if isinstance(value := notes.get(key), str)
+        },
     )
 
 

@@ -74,7 +74,11 @@ def service_name(job: TPUTrainingJob) -> str:
 
 
 def lease_name(job: TPUTrainingJob) -> str:
-    return f"{job.name}-heartbeat"
+    return heartbeat_lease_name(job.name)
+
+
+def heartbeat_lease_name(job_name: str) -> str:
+    return f"{job_name}-heartbeat"
 
 
 def trainer_service_account(job: TPUTrainingJob) -> str:

@@ -9,7 +9,16 @@ from typing import Any
 
 import kopf
 import pytest
-from tests.unit.builders import at, cluster, iso, job_body, pod, running_status, trainer_message
+from tests.unit.builders import (
+    at,
+    cluster,
+    iso,
+    job_body,
+    lease_owner,
+    pod,
+    running_status,
+    trainer_message,
+)
 from tests.unit.fakes import FakeReader, RecordingWriter, deps_for, index
 
 from tpujob.api import contract
@@ -301,6 +310,7 @@ def test_a_change_of_progress_alone_is_written_at_most_once_per_interval() -> No
             "metadata": {
                 "name": "train-heartbeat",
                 "namespace": "team",
+                "ownerReferences": lease_owner(),
                 "annotations": {
                     contract.HEARTBEAT_STEP: str(step),
                     contract.HEARTBEAT_ATTEMPT: "1",
@@ -542,6 +552,7 @@ def beat(step: int, renewed: str) -> dict[str, Any]:
         "metadata": {
             "name": "train-heartbeat",
             "namespace": "team",
+            "ownerReferences": lease_owner(),
             "annotations": {contract.HEARTBEAT_STEP: str(step), contract.HEARTBEAT_ATTEMPT: "1"},
         },
         "spec": {"renewTime": renewed},

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
-from tests.unit.builders import at, job_body, node, pod, running_status, trainer_message
+from tests.unit.builders import (
+    at,
+    job_body,
+    lease,
+    lease_owner,
+    node,
+    pod,
+    running_status,
+    trainer_message,
+)
 from tests.unit.fakes import FakeReader
 
 from tpujob.api import contract, labels
@@ -13,6 +23,7 @@ from tpujob.kube.cache import (
     CachedView,
     NodeBook,
     job_record,
+    lease_record,
     newer,
     node_record,
     pod_by_node,
@@ -21,7 +32,7 @@ from tpujob.kube.cache import (
 )
 from tpujob.kube.observe import bounded_tail, observe, tails_to_read
 from tpujob.observed.nodes import note_tpu_shortfall
-from tpujob.observed.views import node_view
+from tpujob.observed.views import MAX_HEALTH_CHARS, heartbeat_view, node_view
 
 
 def test_a_pods_record_keeps_its_owner_uids_and_a_redacted_message() -> None:
@@ -214,3 +225,41 @@ def test_a_tpu_shortfall_is_timed_from_the_first_event_that_showed_it() -> None:
 )
 def test_a_log_tail_is_bounded_in_characters_from_a_lines_start(text: str, kept: str) -> None:
     assert bounded_tail(text, limit=24) == kept
+
+
+@pytest.mark.parametrize(
+    ("owners", "name", "cached"),
+    [
+        (lease_owner("train"), "train-heartbeat", True),
+        ([], "train-heartbeat", False),
+        (lease_owner("train"), "anything-else", False),
+        (lease_owner("other"), "train-heartbeat", False),
+        ([{**lease_owner("train")[0], "kind": "Job"}], "train-heartbeat", False),
+    ],
+    ids=["the-jobs-own", "no-owner", "another-name", "another-jobs-name", "not-a-tpujob"],
+)
+def test_only_a_jobs_own_heartbeat_lease_is_cached(
+    owners: list[dict[str, Any]], name: str, cached: bool
+) -> None:
+    """A tenant's labelled Leases (256 KiB of annotations each) are not kept."""
+    raw = lease(renewed=0, step=3)
+    raw["metadata"].update(name=name, namespace="team", ownerReferences=owners)
+    assert bool(lease_record(raw)) is cached
+
+
+def test_a_heartbeat_keeps_only_the_health_annotations_and_each_bounded() -> None:
+    raw = lease(renewed=0, step=3)
+    raw["metadata"]["annotations"].update(
+        {
+            "padding.example/junk": "x" * 200_000,
+            contract.HEARTBEAT_WORKER_RSS_BYTES: "1," * 100_000,
+            contract.HEARTBEAT_HEALTH_STEP: "3",
+        }
+    )
+    beat = heartbeat_view(raw)
+    assert beat is not None
+    assert set(beat.annotations) == {
+        contract.HEARTBEAT_WORKER_RSS_BYTES,
+        contract.HEARTBEAT_HEALTH_STEP,
+    }
+    assert sum(len(v) for v in beat.annotations.values()) <= 2 * MAX_HEALTH_CHARS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import cluster, job_body, lease, pod, running_status
+from tests.unit.builders import cluster, job_body, lease, lease_owner, pod, running_status
 from tests.unit.fakes import FakeReader
 
 from tpujob.api import contract, labels
@@ -47,7 +47,11 @@ def test_a_heartbeat_signed_by_another_job_is_not_the_jobs(
 ) -> None:
     job = job_body(status=running_status())
     beat = lease(renewed=0, step=5)
-    beat["metadata"].update(namespace=job["metadata"]["namespace"], name=lease_name_of(job))
+    beat["metadata"].update(
+        namespace=job["metadata"]["namespace"],
+        name=lease_name_of(job),
+        ownerReferences=lease_owner(job["metadata"]["name"], job["metadata"]["uid"]),
+    )
     if signed_by is not None:
         uid = job["metadata"]["uid"] if signed_by == "own" else signed_by
         beat["metadata"]["annotations"][contract.HEARTBEAT_JOB_UID] = uid
