@@ -17,6 +17,7 @@ import datetime
 import os
 import random
 import re
+import signal
 import sys
 import time
 import uuid
@@ -53,6 +54,8 @@ DRILL_ARGS = (
     *(a if a != "test-*" else "drill-*" for a in OPERATOR_ARGS),
     "--node-not-ready-grace",
     str(NOT_READY_GRACE),
+    "--cache-check-seconds",
+    "5",
 )
 
 
@@ -611,3 +614,46 @@ def test_node_cut_off_while_its_trainer_trains_on_cannot_touch_the_new_attempts_
     assert int(restored.group(1)) >= max(s for _, s in old_saves) - 10
     kept = {int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()}
     assert kept and kept <= {s for _, s in new_saves}, (kept, new_saves)
+
+
+def test_pods_deleted_while_the_operators_watch_was_down_are_dropped_and_the_job_goes_on(
+    cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """A watch that breaks while objects go (here: the operator frozen while the apiserver
+    restarts, then its pods deleted) resumes with a list that no longer shows them, and no
+    DELETED event ever comes: the operator's cache would keep them for good, and the job would
+    wait forever for pods that are not there. The operator finds them missing from two lists
+    in a row (DRILL_ARGS: every few seconds), drops them, and makes the job's pods again."""
+    run = Run(
+        cluster,
+        drill_namespace,
+        drill_operator,
+        training_job("ghosts", tmp_path, steps=400, stallTimeoutSeconds=20),
+    )
+    run.wait_training(step=10)
+    pods = run.pods(1)
+    assert drill_operator.proc is not None
+    os.killpg(drill_operator.proc.pid, signal.SIGSTOP)
+    try:
+        stopped = controlplane.stop_component(cluster.state_dir, "kube-apiserver")
+        controlplane.start_component(cluster.state_dir, stopped)
+        for pod in pods:
+            with contextlib.suppress(ApiException):
+                run.core.delete_namespaced_pod(
+                    pod.metadata.name,
+                    drill_namespace,
+                    body=client.V1DeleteOptions(grace_period_seconds=0),
+                )
+        wait_for(lambda: not run.pods(1), timeout=60, what="attempt 1's pods gone")
+    finally:
+        os.killpg(drill_operator.proc.pid, signal.SIGCONT)
+    status = finished(run, timeout=420)
+    context = f"timeline {status.get('timeline')}; operator log:\n{drill_operator.log_tail(30)}"
+    assert status["phase"] == "Succeeded", context
+    assert status["progress"]["step"] == 400, context
+    # Trained to the end by pods made after the ghosts were dropped (the operator makes the
+    # missing pods of an attempt again; a hang would have restarted it instead).
+    finishers = {p.metadata.uid for p in run.pods()}
+    assert finishers and finishers.isdisjoint(p.metadata.uid for p in pods), context
+    log = drill_operator.log_path.read_text(errors="replace")
+    assert re.search(r"dropped \d+ pods? the cluster no longer has", log), context
