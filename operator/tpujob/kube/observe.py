@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from tpujob.api import TPUTrainingJob, parse_job
+from tpujob.diagnosis.cascade import MAX_DIAGNOSED_WORKERS, sample_key
 from tpujob.kube import uids
 from tpujob.kube.cache import CachedView
 from tpujob.kube.errors import KubeError, NotFoundError, call
@@ -149,9 +150,13 @@ def made_as_placed(job: TPUTrainingJob, pod: PodView, nodes: Mapping[str, NodeVi
 
 def tails_to_read(observed: Observed) -> list[tuple[str, str]]:
     """(name, uid) of the pods whose tails matter: only the current attempt's failures are
-    diagnosed."""
+    diagnosed, and of a failure of more than `MAX_DIAGNOSED_WORKERS`, the earliest."""
     attempt = observed.job.status.attempt
-    return [(p.name, p.uid) for p in observed.pods if p.attempt == attempt and p.failed]
+    failed = [p for p in observed.pods if p.attempt == attempt and p.failed]
+    if len(failed) > MAX_DIAGNOSED_WORKERS:  # the diagnosis reads the earliest ones only
+        failed = sorted(failed, key=lambda p: (sample_key(p.finished_at), p.name))
+        failed = failed[:MAX_DIAGNOSED_WORKERS]
+    return [(p.name, p.uid) for p in failed]
 
 
 def with_tails(observed: Observed, tails: Iterable[tuple[str, str]]) -> Observed:

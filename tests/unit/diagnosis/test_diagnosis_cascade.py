@@ -13,6 +13,7 @@ from tpujob.diagnosis import (
     WorkerFacts,
     diagnose_job,
 )
+from tpujob.diagnosis.cascade import MAX_DIAGNOSED_WORKERS
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GLOO = (
@@ -116,3 +117,22 @@ def test_a_killed_worker_is_the_root_of_a_peers_reported_collective_failure() ->
     verdict = diagnose_job(JobFacts(workers=(peer, killed)))
     assert verdict.root_worker == 1
     assert str(verdict.code) == "PROCESS_KILLED"
+
+
+def test_every_worker_of_a_large_slice_failing_reads_the_earliest_and_counts_the_rest() -> None:
+    """1,536 workers failed: the diagnosis reads `MAX_DIAGNOSED_WORKERS` of them, those that
+    never exited (lost with their node) and the earliest to exit, and still finds the root."""
+    peers = [
+        WorkerFacts(worker_index=i, exit_code=1, log_tail=GLOO, finished_at=at(10 + i))
+        for i in range(1, 1536)
+    ]
+    lost = WorkerFacts(
+        worker_index=1536, exit_code=None, node=NodeFacts(name="tpu-z", ready="Unknown")
+    )
+    diagnosis = diagnose_job(JobFacts(workers=(*peers, lost)))
+    assert (diagnosis.failure_class, diagnosis.code) == (FailureClass.HARD, FailureCode.NODE_LOST)
+    assert diagnosis.root_worker == 1536
+    assert "(1535 other workers failed after)" in diagnosis.summary
+    assert len(diagnosis.chain) <= MAX_DIAGNOSED_WORKERS + 2
+    read = {link.worker for link in diagnosis.chain} - {None}
+    assert read <= {*range(1, MAX_DIAGNOSED_WORKERS), 1536}
