@@ -211,8 +211,9 @@ def test_render_follows_replicas_and_watched_namespaces(
             else ["ClusterRole", "ClusterRoleBinding", "ClusterRole"]
         )
     )
+    # host paths and node marks always; system namespaces when every namespace is watched
     policies = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * (
-        1 if watched else 2
+        2 if watched else 3
     )
     assert kinds(manifests) == sorted(
         ["Deployment", "Service", "ServiceAccount", *roles, *policies]
@@ -412,9 +413,9 @@ def test_host_path_policy_binds_to_the_watched_namespaces_only() -> None:
     ]
 
 
-def test_system_lease_policy_names_the_operator_and_the_system_namespaces() -> None:
+def test_system_namespace_policy_names_the_operator_and_the_system_namespaces() -> None:
     manifests = render(namespace="ops")
-    name = "tpujob-tpujob-operator-system-leases"
+    name = "tpujob-tpujob-operator-system-namespaces"
     policy = named(manifests, "ValidatingAdmissionPolicy", name)
     binding = named(manifests, "ValidatingAdmissionPolicyBinding", name)
     condition = policy["spec"]["matchConditions"][0]["expression"]
@@ -423,6 +424,24 @@ def test_system_lease_policy_names_the_operator_and_the_system_namespaces() -> N
     )
     values = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
     assert values["values"] == ["kube-system", "kube-node-lease", "kube-public"]
+    written = {
+        r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
+    }
+    assert written == {"leases", "pods", "services", "serviceaccounts", "roles", "rolebindings"}
+
+
+def test_node_marks_policy_binds_the_operator_everywhere_it_is_installed() -> None:
+    for sets in ((), ("watchNamespaces={team-a}",)):
+        manifests = render(*sets, namespace="ops")
+        name = "tpujob-tpujob-operator-node-marks"
+        policy = named(manifests, "ValidatingAdmissionPolicy", name)
+        binding = named(manifests, "ValidatingAdmissionPolicyBinding", name)
+        assert (
+            "system:serviceaccount:ops:tpujob-tpujob-operator"
+            in (policy["spec"]["matchConditions"][0]["expression"])
+        )
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert "matchResources" not in binding["spec"]
 
 
 @pytest.mark.parametrize(

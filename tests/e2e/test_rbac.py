@@ -9,6 +9,7 @@ ValidatingAdmissionPolicy must refuse the Lease write instead, which a server-si
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from tests.contract.test_chart import (
     WATCHED_NAMESPACES_CLUSTER_RIGHTS,
 )
 from tests.e2e.conftest import LocalCluster, helm_template, wait_for, wait_host_paths_admitted
+
+from tpujob.api import labels
 
 pytestmark = pytest.mark.cluster
 
@@ -357,7 +360,7 @@ def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespace
             timeout=30,
             what=f"the policy to refuse a Lease in {system_namespace}",
         )
-        assert "may not write Leases in system namespaces" in refusal
+        assert "may not write leases in system namespaces" in refusal
     finally:
         rbac.delete_namespaced_role_binding("tpujob-operator-leases", system_namespace)
     bind_lease_writer(cluster, everywhere, other_namespace)
@@ -400,3 +403,71 @@ def test_operator_can_grant_a_heartbeat_role_and_nothing_beyond_its_own_rights(
     assert (refused is None) == allowed, refused
     if refused is not None:
         assert refused.status == 403
+
+
+def node_patch_refusal(
+    cluster: LocalCluster, operator: Operator, node: str, patch: dict[str, object]
+) -> str:
+    proc = cluster.kubectl(
+        "patch",
+        "node",
+        node,
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+        "--dry-run=server",
+        "--as",
+        operator.user,
+        "--as-group",
+        "system:serviceaccounts",
+        check=False,
+    )
+    return proc.stderr if proc.returncode != 0 else ""
+
+
+@pytest.mark.parametrize(
+    ("change", "refused_for"),
+    [
+        ("mark", None),
+        ("label", "labels"),
+        ("annotation", "own (tpujob.dev/) annotations"),
+        ("taint", "own (tpujob.dev/) taints"),
+    ],
+)
+def test_the_operator_may_change_only_its_own_marks_on_a_node(
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    everywhere: Operator,
+    change: str,
+    refused_for: str | None,
+) -> None:
+    """RBAC grants `patch` on nodes whole; the chart's node-marks policy refuses everything but
+    the operator's own taint and annotation (server-side dry-runs: nothing changes)."""
+    node = core.list_node().items[0]
+    taints = [
+        {k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
+        for t in node.spec.taints or []
+    ]
+    mark = {"key": labels.BAD_NODE_TAINT, "value": "job", "effect": "NoSchedule"}
+    patches = {
+        "mark": {
+            "metadata": {"annotations": {labels.BAD_NODE_REASON: "drill"}},
+            "spec": {"taints": [*taints, mark]},
+        },
+        "label": {"metadata": {"labels": {labels.NODEPOOL: "somewhere-else"}}},
+        "annotation": {"metadata": {"annotations": {"example.com/owner": "tpujob"}}},
+        "taint": {"spec": {"taints": [*taints, {"key": "example.com/x", "effect": "NoSchedule"}]}},
+    }
+
+    def refusal() -> str:
+        return node_patch_refusal(cluster, everywhere, node.metadata.name, patches[change])
+
+    if refused_for is None:
+        wait_for(lambda: refusal() == "", timeout=30, what="the operator's own mark allowed")
+    else:
+        found = wait_for(
+            lambda: refused_for in (text := refusal()) and text,
+            timeout=30,
+            what=f"the policy to refuse a change of {change}",
+        )
+        assert "Forbidden" in found or "denied" in found, found
