@@ -142,8 +142,8 @@ def made_as_placed(job: TPUTrainingJob, pod: PodView, nodes: Mapping[str, NodeVi
     if pod.attempt != job.status.attempt:
         return True
     placed = pools_of(job.status.current_attempt).get(pod.slice)
-    if placed is None:
-        return True
+    if placed is None:  # the placement is recorded before any pod of it is made
+        return False
     node = nodes.get(pod.node) if pod.node else None
     return pod.node_pool == placed and (node is None or node.pool == placed)
 

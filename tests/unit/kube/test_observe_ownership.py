@@ -68,6 +68,9 @@ def _forged(job: dict[str, Any], how: str) -> dict[str, Any]:
     elif how == "control-plane-node":
         forged["spec"]["nodeName"] = "control-plane"
         forged["spec"]["nodeSelector"] = {}
+    elif how == "unplaced-slice":
+        forged["metadata"]["labels"][labels.SLICE] = "1"
+        forged["metadata"]["name"] = f"{job['metadata']['name']}-1-1-1"
     elif how == "other-pool-selector":
         forged["spec"]["nodeSelector"][labels.NODEPOOL] = "pool-2"
         forged["spec"]["nodeName"] = "pool-2-w0"
@@ -82,6 +85,7 @@ def _forged(job: dict[str, Any], how: str) -> dict[str, Any]:
         ("other-pool-node", False),
         ("control-plane-node", False),
         ("other-pool-selector", False),
+        ("unplaced-slice", False),
     ],
 )
 def test_a_pod_the_operator_could_not_have_made_is_not_the_jobs(how: str, counted: bool) -> None:
