@@ -248,11 +248,15 @@ class RecoverySpec(SpecModel):
         """The failed-node budget as a node count for a job of `total_hosts` hosts.
 
         Percentages round up, so a small job tolerates one bad node under the default 20%.
+        The status records at most `MAX_FAILED_NODES_RECORDED` failed nodes (the oldest go
+        first), so a larger budget could never be seen spent: it counts as one less than that.
         """
         if isinstance(self.max_failed_nodes, int):
-            return self.max_failed_nodes
-        percent = int(self.max_failed_nodes.rstrip("%"))
-        return -(-total_hosts * percent // 100)
+            count = self.max_failed_nodes
+        else:
+            percent = int(self.max_failed_nodes.rstrip("%"))
+            count = -(-total_hosts * percent // 100)
+        return min(count, c.MAX_FAILED_NODES_RECORDED - 1)
 
     def budget(self, failure_class: FailureClass) -> int:
         """Restarts allowed for a class; 0 for fatal, which is never retried."""

@@ -24,6 +24,10 @@ MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "tpujob-operator"
 
 
+# Reads and patches of one node mark before a reconcile gives up on it for now.
+MARK_TRIES = 3
+
+
 class Writer(Protocol):
     """What the controller does to the cluster: the verbs a plan is carried out with.
 
@@ -196,30 +200,44 @@ class ApiWriter:
     def mark_node(self, mark: NodeMark, job: str) -> None:
         if mark.action is BadNodeAction.NONE:
             return
-        try:
-            node = call(self.core.read_node, mark.node)
-        except NotFoundError:
-            return  # the node was deleted: nothing left to mark, and other marks still follow
-        if mark.clear:
-            self._clear_mark(node, mark)
-            return
+        for tries_left in reversed(range(MARK_TRIES)):
+            try:
+                node = call(self.core.read_node, mark.node)
+            except NotFoundError:
+                return  # the node was deleted: nothing left to mark, and other marks still follow
+            if mark.clear:
+                self._clear_mark(node, mark)
+                return
+            try:
+                self._add_mark(node, mark, job)
+                return
+            except NotFoundError:
+                return
+            except ConflictError:
+                # Changed between the read and the patch (a taint added by someone else, which
+                # the whole-list patch would drop): read it again. Past the tries, the reconcile
+                # fails and the journaled mark is made by the next one.
+                if not tries_left:
+                    raise
+
+    def _add_mark(self, node: Any, mark: NodeMark, job: str) -> None:
+        """Mark the Node as read now; the patch carries its resourceVersion (taints are one
+        list, written whole)."""
         patch: dict[str, Any] = {
-            "metadata": {"annotations": {labels.BAD_NODE_REASON: mark.reason[:256]}}
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {labels.BAD_NODE_REASON: mark.reason[:256]},
+            }
         }
         if mark.action is BadNodeAction.CORDON:
             patch["spec"] = {"unschedulable": True}
         else:
-            taints = [
-                {"key": t.key, "value": t.value, "effect": t.effect}
-                for t in (node.spec.taints or [])
-            ]
-            taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
+            taints = [self.serialize(t) for t in node.spec.taints or []]
             if any(t.get("key") == labels.BAD_NODE_TAINT for t in taints):
                 return
             taints.append({"key": labels.BAD_NODE_TAINT, "value": job[:63], "effect": "NoSchedule"})
             patch["spec"] = {"taints": taints}
-        with contextlib.suppress(NotFoundError):
-            call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
+        call(self.core.patch_node, mark.node, patch, _content_type=MERGE_PATCH)
 
     def _clear_mark(self, node: Any, mark: NodeMark) -> None:
         """Take off the mark only if it is still the one `mark.reason` names, on the Node as

@@ -68,8 +68,26 @@ def test_snake_case_names_are_accepted_as_well_as_aliases() -> None:
 
 @pytest.mark.parametrize(
     ("value", "total_hosts", "expected"),
-    [("20%", 4, 1), ("20%", 32, 7), ("50%", 3, 2), ("0%", 100, 0), (3, 16, 3), (0, 16, 0)],
-    ids=["20%-of-4-rounds-up", "20%-of-32", "50%-of-3", "zero-percent", "integer", "zero"],
+    [
+        ("20%", 4, 1),
+        ("20%", 32, 7),
+        ("50%", 3, 2),
+        ("0%", 100, 0),
+        (3, 16, 3),
+        (0, 16, 0),
+        ("50%", 3072, 511),
+        (900, 3072, 511),
+    ],
+    ids=[
+        "20%-of-4-rounds-up",
+        "20%-of-32",
+        "50%-of-3",
+        "zero-percent",
+        "integer",
+        "zero",
+        "more-than-the-status-records-is-511",
+        "an-integer-above-it-too",
+    ],
 )
 def test_failed_node_budget_resolves_to_a_count(
     value: int | str, total_hosts: int, expected: int

@@ -1,4 +1,5 @@
-"""Taking a node's mark off: only the mark the job made, only as the Node reads now."""
+"""Marking a node and taking the mark off: only the mark the job made, only as the Node reads
+now (the patch carries its resourceVersion; taints are one list, written whole)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tpujob.api import BadNodeAction, labels
 from tpujob.kube.apply import ApiWriter
+from tpujob.kube.errors import ConflictError
 from tpujob.plan.result import NodeMark
 
 OURS = "team/train: NODE_LOST"
@@ -82,3 +84,50 @@ def test_a_mark_someone_else_made_stays(reason: str | None) -> None:
 def test_a_node_changed_in_between_is_left_for_the_next_reconcile() -> None:
     # The Conflict of the resourceVersion-guarded patch is not an error of the reconcile.
     assert cleared(FakeNodes(marked_node(OURS), conflict=True), BadNodeAction.TAINT) == []
+
+
+class ChangingNodes(FakeNodes):
+    """A Node someone else taints between the operator's first read and its patch."""
+
+    def __init__(self) -> None:
+        super().__init__(unmarked_node("42", []))
+        self.reads = 0
+
+    def read_node(self, name: str, **_: Any) -> client.V1Node:
+        self.reads += 1
+        if self.reads == 1:
+            return unmarked_node("42", [])
+        return unmarked_node("43", [UNREACHABLE])
+
+    def patch_node(self, name: str, body: dict[str, Any], **_: Any) -> None:
+        if body["metadata"]["resourceVersion"] != "43":
+            raise ApiException(status=409, reason="Conflict")
+        self.patches.append(body)
+
+
+def unmarked_node(version: str, taints: list[client.V1Taint]) -> client.V1Node:
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(name="n", resource_version=version),
+        spec=client.V1NodeSpec(taints=taints or None),
+    )
+
+
+def marked(nodes: FakeNodes) -> list[dict[str, Any]]:
+    writer = ApiWriter(client.ApiClient())
+    writer.core = nodes  # type: ignore[assignment]
+    writer.mark_node(NodeMark("n", BadNodeAction.TAINT, OURS), "train")
+    return nodes.patches
+
+
+def test_a_taint_added_between_read_and_patch_is_kept_by_reading_the_node_again() -> None:
+    nodes = ChangingNodes()
+    [patch] = marked(nodes)
+    assert nodes.reads == 2
+    assert patch["metadata"]["resourceVersion"] == "43"
+    keys = [t["key"] for t in patch["spec"]["taints"]]
+    assert keys == [labels.UNREACHABLE_TAINT, labels.BAD_NODE_TAINT]
+
+
+def test_a_node_that_keeps_changing_fails_the_mark_for_the_next_reconcile() -> None:
+    with pytest.raises(ConflictError):
+        marked(FakeNodes(unmarked_node("42", []), conflict=True))
