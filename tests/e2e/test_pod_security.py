@@ -189,6 +189,48 @@ def test_the_policy_and_hostpath_allowed_agree(
     assert verdicts == dict(POLICY_CASES)
 
 
+def test_a_job_admitted_before_the_prefixes_narrowed_can_still_be_deleted_not_resumed(
+    cluster: LocalCluster, crds_installed: None, namespace: str
+) -> None:
+    """The policy judges a new spec only: the operator's finalizer removal (a metadata change)
+    must go through when a job's hostPath is no longer allowed, or the job is undeletable."""
+    custom = client.CustomObjectsApi(cluster.api_client())
+    body = job_body("old", volume={"hostPath": "/elsewhere/ckpt"})
+    body["spec"]["suspend"] = True  # stored, never launched
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    rendered = helm_template(
+        cluster,
+        f"hp-{namespace[-5:]}",
+        "tpujob-system",
+        f"hostPathPrefixes={{{ALLOWED_PREFIX}/}}",
+        f"watchNamespaces={{{namespace}}}",
+        only=("templates/admission-policies.yaml",),
+    )
+    cluster.kubectl("apply", "-f", "-", input_text=rendered)
+    try:
+        wait_for(
+            lambda: dry_run_job(cluster, namespace, "/"),
+            timeout=30,
+            what="the hostPath policy to refuse /",
+        )
+
+        def patched(patch: dict[str, Any]) -> str | None:
+            try:
+                custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, "old", patch, dry_run="All"
+                )
+            except ApiException as err:
+                return str(json.loads(err.body)["message"])
+            return None
+
+        assert patched({"metadata": {"finalizers": None, "labels": {"team": "a"}}}) is None
+        refusal = patched({"spec": {"suspend": False}})
+        assert refusal is not None and pod_security.HOSTPATH_SETTING in refusal, refusal
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=rendered, check=False)
+        wait_host_paths_admitted(cluster)
+
+
 @pytest.fixture
 def claim(core: client.CoreV1Api, restricted: str, tmp_path: Path) -> Iterator[Path]:
     """A static hostPath PersistentVolume, as a cluster admin makes it, and a claim bound to it."""
