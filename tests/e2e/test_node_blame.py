@@ -27,6 +27,17 @@ pytestmark = [
 ]
 
 
+# Exit 14 is the trainer's "fewer accelerator devices than requested": hard by its own word.
+HARD_CLAIM = contract.encode_termination_message(
+    contract.TerminationMessage(
+        code="DEVICE_COUNT_MISMATCH",
+        exit_code=14,
+        class_hint=contract.ClassHint.HARD,
+        summary="this node's TPUs are broken",
+    )
+)
+
+
 def tpujob_taints(core: client.CoreV1Api) -> dict[str, str]:
     return {
         n.metadata.name: t.value
@@ -54,14 +65,7 @@ def test_a_forged_worker_pod_and_a_self_reported_hard_failure_taint_no_node(
         ),
     )
     run.wait_training(step=5)
-    claim = contract.encode_termination_message(
-        contract.TerminationMessage(
-            code="DEVICE_COUNT_MISMATCH",
-            exit_code=14,
-            class_hint=contract.ClassHint.HARD,
-            summary="this node's TPUs are broken",
-        )
-    )
+    claim = HARD_CLAIM
     core.create_namespaced_pod(
         namespace,
         {
@@ -189,14 +193,7 @@ def test_hostile_tenants_neither_delay_another_tenants_job_nor_taint_a_node(
             for n in core.list_node().items
             if (n.metadata.labels or {}).get(labels.NODEPOOL) == pools[0]
         )
-        claim = contract.encode_termination_message(
-            contract.TerminationMessage(
-                code="DEVICE_COUNT_MISMATCH",
-                exit_code=14,
-                class_hint=contract.ClassHint.HARD,
-                summary="this node's TPUs are broken",
-            )
-        )
+        claim = HARD_CLAIM
         for tenant in tenants:
             job = _tenant_job(tenant, custom, tmp_path)
             core.create_namespaced_pod(tenant, _forged_pod(job, target, claim))
