@@ -29,6 +29,13 @@ from tpujob.api import GROUP, PLURAL, VERSION
 from tpujob.local import controlplane
 from tpujob.local.binaries import binary_dir
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `long` first (the order is otherwise kept): started last, one of them
+    would keep one test worker busy for minutes after the others ran out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tpujob-operator"
 TEST_POOLS = controlplane.PoolOptions(

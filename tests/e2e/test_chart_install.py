@@ -130,6 +130,7 @@ def test_helm_installed_operator_recovers_a_hard_failure_in_cluster(
 UPGRADE_STEPS = 600
 
 
+@pytest.mark.long
 def test_helm_upgrade_of_two_replicas_to_a_new_tag_leaves_a_training_job_untouched(
     cluster: LocalCluster, core: client.CoreV1Api, two_replicas: tuple[str, str, Path]
 ) -> None:

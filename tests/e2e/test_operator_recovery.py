@@ -333,6 +333,7 @@ def test_a_fault_is_recovered_as_its_class_says(
     run.told(lambda m: m.startswith(f"[{cls.upper()}] {code}"))
 
 
+@pytest.mark.long
 def test_node_down_taints_the_node_moves_the_slice_and_untaints_it_once_back(
     cluster: LocalCluster,
     core: client.CoreV1Api,
@@ -383,6 +384,7 @@ def test_failed_node_budget_exceeded_fails_the_job(
     assert len(status["failedNodes"]) == 1
 
 
+@pytest.mark.long
 def test_maintenance_sigterm_saves_and_resumes_from_that_step_elsewhere(
     cluster: LocalCluster,
     core: client.CoreV1Api,
@@ -432,6 +434,7 @@ def test_operator_killed_mid_recovery_finishes_it_without_duplicates(
     assert sorted(names) == ["crash-2-0-0", "crash-2-0-1"]
 
 
+@pytest.mark.long
 def test_two_slice_job_losing_one_slice_moves_only_that_slice(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:

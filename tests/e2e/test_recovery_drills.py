@@ -100,6 +100,7 @@ def restarts(status: dict[str, Any]) -> tuple[int, int, int]:
     return counts.get("soft", 0), counts.get("medium", 0), counts.get("hard", 0)
 
 
+@pytest.mark.long
 def test_worker_killed_three_times_once_while_restoring_is_three_soft_restarts(
     cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -156,6 +157,7 @@ def _live_pods(run: Run) -> list[Any]:
     ]
 
 
+@pytest.mark.long
 def test_operator_killed_at_random_moments_of_soft_recoveries_repeats_and_loses_nothing(
     cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -485,6 +487,7 @@ def _job_gone(run: Run) -> bool:
 
 
 @pytest.mark.usefixtures("healthy_nodes")
+@pytest.mark.long
 def test_apiserver_outage_leaves_training_jobs_untouched(
     cluster: LocalCluster, core: client.CoreV1Api, drill_operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -616,6 +619,7 @@ def test_node_cut_off_while_its_trainer_trains_on_cannot_touch_the_new_attempts_
     assert kept and kept <= {s for _, s in new_saves}, (kept, new_saves)
 
 
+@pytest.mark.long
 def test_pods_deleted_while_the_operators_watch_was_down_are_dropped_and_the_job_goes_on(
     cluster: LocalCluster, drill_namespace: str, drill_operator: OperatorProcess, tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.long
 def test_a_worker_killed_in_one_slice_replaces_that_slice_and_the_other_rejoins_in_place(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:

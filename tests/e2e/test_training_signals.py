@@ -230,17 +230,18 @@ def test_slow_input_and_a_straggling_worker_show_as_conditions_while_training_go
     assert {"InputBound", "Straggler"} <= reasons, reasons
 
 
+@pytest.mark.long
 def test_a_leak_is_warned_of_with_the_time_left_then_its_oom_kill_is_graded_as_the_leak(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     """Worker 1 keeps 16 MiB more per 2-second step (8 MiB/s) in attempt 1; its pod may have
     1536 MiB. The warning comes first, and training goes on under it; then the kernel kills the
     worker at the limit, near step 75, and the kill is graded as the leak the warning
-    predicted. 130 steps leave the next attempt, which does not leak, a short finish."""
+    predicted. 100 steps leave the next attempt, which does not leak, a short finish."""
     body = sdk_job(
         "oomleak",
         tmp_path,
-        steps=130,
+        steps=100,
         step_time=2.0,
         health_every=2,
         memory="1536Mi",
