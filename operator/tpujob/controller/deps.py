@@ -25,8 +25,9 @@ from tpujob.diagnosis.memory import NodeLedger
 from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
-from tpujob.kube.cache import CachedView, NodeBook
+from tpujob.kube.cache import BeatBook, CachedView, NodeBook
 from tpujob.kube.observe import Reader
+from tpujob.plan.manifests import heartbeat_lease_name
 from tpujob.plan.result import PlannerSettings
 
 API_THREADS = 16
@@ -214,6 +215,8 @@ class Deps:
     tpu_short_since: Mapping[str, dt.datetime] = field(default_factory=dict)
     # The nodes the planner reads, fed by the node index; which changed, for the handler.
     node_book: NodeBook = field(default_factory=NodeBook)
+    # When each heartbeat renewal was first seen, by this operator's clock (the Lease index).
+    beat_book: BeatBook = field(default_factory=BeatBook)
     # Blocking client calls and planning run here, not in the loop's default executor (six
     # threads on a small pod, shared with kopf): sized for many jobs reconciling at once.
     executor: ThreadPoolExecutor = field(
@@ -256,5 +259,6 @@ class Deps:
         """Drop everything kept of a job that is gone: its book, wakes, metrics and pools."""
         self.wakes.forget(key)
         self.jobs.forget(key)
+        self.beat_book.forget((key[0], heartbeat_lease_name(key[1])))
         self.metrics.forget_job(*key)
         self.pools.claim(key, None)

@@ -313,8 +313,8 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
         id="tpujob_heartbeats",
         registry=registry,
     )
-    def tpujob_heartbeats(body: kopf.Body, **_: Any) -> Any:
-        return cache.lease_record(body)
+    def tpujob_heartbeats(body: kopf.Body, memo: Deps, **_: Any) -> Any:
+        return cache.lease_record(body, memo.beat_book)
 
 
 _JOB_LABEL = labels.JOB

@@ -14,8 +14,9 @@ this module needs no kopf and is tested with plain dicts.
 from __future__ import annotations
 
 import copy
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -137,7 +138,31 @@ class NodeBook:
         return self._snapshot
 
 
-def lease_record(raw: Mapping[str, Any]) -> dict[Hashable, Heartbeat]:
+class BeatBook:
+    """When this operator first saw each heartbeat Lease's current renewal, by its own clock.
+
+    The watch shows a Lease again for reasons that are no renewal (a relist, a patch of its
+    fencing token): a renewal is a new `renewTime`, stamped once. Fed by the Lease index, in
+    the event loop; a job's entry goes with the job (`forget`).
+    """
+
+    def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._clock = clock
+        self._seen: dict[Hashable, tuple[datetime | None, datetime]] = {}
+
+    def witness(self, key: Hashable, renewed: datetime | None) -> datetime:
+        found = self._seen.get(key)
+        if found is not None and found[0] == renewed:
+            return found[1]
+        now = self._clock()
+        self._seen[key] = (renewed, now)
+        return now
+
+    def forget(self, key: Hashable) -> None:
+        self._seen.pop(key, None)
+
+
+def lease_record(raw: Mapping[str, Any], book: BeatBook | None = None) -> dict[Hashable, Heartbeat]:
     """A job's heartbeat Lease: one that a job owns under the name the operator gives it.
 
     The label the watch selects by is free to write, and a Lease may carry 256 KiB of
@@ -156,7 +181,12 @@ def lease_record(raw: Mapping[str, Any]) -> dict[Hashable, Heartbeat]:
     ):
         return {}
     view = heartbeat_view(raw)
-    return {(str(meta.get("namespace")), str(meta.get("name"))): view} if view else {}
+    if view is None:
+        return {}
+    key = (str(meta.get("namespace")), str(name))
+    if book is not None:
+        view = replace(view, seen=book.witness(key, view.renewed))
+    return {key: view}
 
 
 def job_record(raw: Mapping[str, Any]) -> dict[Hashable, dict[str, Any]]:

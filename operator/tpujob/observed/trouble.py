@@ -186,9 +186,11 @@ def _stalled(
     attempt = obs.job.status.attempt
     own = beat is not None and beat.attempt == attempt and beat.renewed is not None
     if own and beat is not None and beat.renewed is not None:
-        since, limit = beat.renewed, timeout
+        # Witnessed by the operator's clock when it can be: the trainer's may be off.
+        since, limit = beat.seen or beat.renewed, timeout
     else:
-        started = [p.running_since for p in pods if p.running_since is not None]
+        # Start times are the kubelet's clock: one ahead must not hold the clock back.
+        started = [min(p.running_since, now) for p in pods if p.running_since is not None]
         since = max([launched_at, *started])
         limit = max(timeout * STARTUP_TIMEOUTS, STARTUP_FLOOR_SECONDS)
     if obs.api_reachable_since is not None and obs.api_reachable_since > since:

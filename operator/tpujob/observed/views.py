@@ -228,6 +228,10 @@ class Heartbeat:
     rejoins: bool = False
     # The uid of the job whose trainer wrote the beat; None from a trainer that does not say.
     job_uid: str | None = None
+    # When this operator first saw this renewal, by its own clock (`renewed` is the trainer's,
+    # and a trainer host's clock may be off: 11 s slow makes every beat look stale at the
+    # shortest stall timeout, fast makes a hang look fresh). None: not witnessed.
+    seen: datetime | None = None
     # The health numbers' annotations (`HEALTH_ANNOTATIONS`, bounded; untrusted text).
     annotations: Mapping[str, str] = field(default_factory=dict)
 
