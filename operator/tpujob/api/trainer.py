@@ -204,6 +204,15 @@ class TrainerSpec(SpecModel):
     total_steps: int | None = Field(
         default=None, ge=1, description="Steps the run is expected to take, for progress reporting."
     )
+    termination_grace_period_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=3600,
+        description=(
+            "Seconds a trainer has after SIGTERM (maintenance, preemption, a graceful stop) to "
+            "save its checkpoint before it is killed; a large model's save may need minutes."
+        ),
+    )
     security: TrainerSecurity = Field(
         default_factory=TrainerSecurity,
         description=(

@@ -20,7 +20,6 @@ from tpujob.api import TPUTrainingJob, contract, labels
 from tpujob.api.spec import REJOIN_MOUNT_PATH
 from tpujob.plan import pod_security
 
-DEFAULT_GRACE_SECONDS = 30
 # Where a trainer pod's rejoin order is projected (see `contract.POD_REJOIN_ANNOTATION`).
 REJOIN_VOLUME = "tpujob-rejoin"
 REJOIN_FILE = "rejoin"
@@ -212,7 +211,7 @@ def trainer_pod(
         "subdomain": service_name(job),
         "serviceAccountName": trainer_service_account(job),
         "securityContext": pod_security.pod_security_context(trainer.security),
-        "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": job.spec.trainer.termination_grace_period_seconds,
         "nodeSelector": {labels.ACCELERATOR: tpu.accelerator, labels.TOPOLOGY: tpu.topology},
         "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],

@@ -212,7 +212,8 @@ def _clean_up_stale(obs: Observed, draft: Draft, settings: PlannerSettings) -> l
         elif (draft.now - pod.deleting_since).total_seconds() > (
             settings.force_delete_after_seconds
             if node_gone
-            else settings.force_delete_after_seconds + manifests.DEFAULT_GRACE_SECONDS
+            else settings.force_delete_after_seconds
+            + obs.job.spec.trainer.termination_grace_period_seconds
         ):
             # Stuck Terminating: its kubelet is gone (or never answers). Free the name and
             # the chips instead of waiting for pod garbage collection.

@@ -17,7 +17,8 @@ from tests.unit.builders import (
     trainer_message,
 )
 
-from tpujob.api import BadNodeAction, Phase, contract, labels
+from tpujob.api import BadNodeAction, Phase, contract, labels, parse_job
+from tpujob.plan.manifests import AttemptSettings, trainer_pod
 from tpujob.plan.planner import plan
 from tpujob.plan.result import Plan
 
@@ -522,3 +523,27 @@ def test_a_hang_at_start_up_is_not_stamped_with_the_previous_attempts_step() -> 
     assert hung.diagnosis is not None
     assert hung.diagnosis.code.value == "HANG"
     assert hung.diagnosis.step is None
+
+
+@pytest.mark.parametrize(("grace", "forced_at"), [(None, 42), (300, 312)])
+def test_a_pod_terminating_on_a_healthy_node_is_given_its_whole_grace_before_it_is_forced(
+    grace: int | None, forced_at: float
+) -> None:
+    """The trainer's `terminationGracePeriodSeconds` (30 by default) is its time to save on
+    SIGTERM: a pod still terminating is forced only once that and the operator's
+    --force-delete-after (10 s here) have passed since its deletion (at 1 s)."""
+    trainer = {"image": "trainer:1", "command": ["tpujob-trainer"]}
+    if grace is not None:
+        trainer["terminationGracePeriodSeconds"] = grace
+    job = job_body(
+        status={
+            **running_status(attempt=2),
+            "currentAttempt": {"placement": [{"slice": 0, "nodePool": "pool-1"}]},
+        },
+        trainer=trainer,
+    )
+    old = [pod(job, 1, 0, 0, deleting=1)]
+    manifest = trainer_pod(parse_job(job), AttemptSettings(attempt=2, pools={0: "pool-1"}), 0, 0)
+    assert manifest["spec"]["terminationGracePeriodSeconds"] == (grace or 30)
+    assert "train-1-0-0" not in deleted(plan(observed(job, old), now=at(forced_at - 3)))
+    assert deleted(plan(observed(job, old), now=at(forced_at)))["train-1-0-0"] == 0
