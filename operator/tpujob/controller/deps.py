@@ -214,7 +214,7 @@ class Deps:
     # since plans read it in worker threads.
     tpu_short_since: Mapping[str, dt.datetime] = field(default_factory=dict)
     # The nodes the planner reads, fed by the node index; which changed, for the handler.
-    node_book: NodeBook = field(default_factory=NodeBook)
+    node_book: NodeBook = field(default_factory=lambda: NodeBook(clock=utc_now))
     # When each heartbeat renewal was first seen, by this operator's clock (the Lease index).
     beat_book: BeatBook = field(default_factory=BeatBook)
     # Blocking client calls and planning run here, not in the loop's default executor (six

@@ -108,16 +108,36 @@ class NodeBook:
     handed to a reconcile is never changed afterwards (planning reads it in a worker thread);
     a change makes the next `snapshot()` a new one. Fed by the node index and the node event
     handler, both in the event loop.
+
+    With a `clock`, the book times the Ready transitions it witnesses by it. The kubelet
+    writes the transition time of the Ready it posts (True, False) by the node's clock, and a
+    node clock 60 s slow would make a 2 s kubelet restart look 62 s old, past the grace: a
+    transition this operator saw happen is timed by its own clock, and that time holds until
+    the next one. Unknown is posted by the control plane's node controller, by its clock, and
+    is kept; so is any state first seen (after a restart of the operator it is all there is).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._views: dict[str, NodeView] = {}
         self._snapshot: Mapping[str, NodeView] | None = None
         self._changed: set[str] = set()
+        self._clock = clock
+
+    def _witnessed(self, before: NodeView, view: NodeView) -> NodeView:
+        if view.ready == before.ready:
+            since = before.ready_since  # as first timed, until the next transition
+        elif view.ready in ("True", "False") and self._clock is not None:
+            since = self._clock()
+        else:
+            return view
+        return view if view.ready_since == since else replace(view, ready_since=since)
 
     def note(self, name: str, view: NodeView | None) -> None:
         """What a watch event showed of node `name` (None: deleted)."""
-        if self._views.get(name) == view:
+        before = self._views.get(name)
+        if view is not None and before is not None and self._clock is not None:
+            view = self._witnessed(before, view)
+        if before == view:
             return
         if view is None:
             del self._views[name]

@@ -263,3 +263,32 @@ def test_a_heartbeat_keeps_only_the_health_annotations_and_each_bounded() -> Non
         contract.HEARTBEAT_HEALTH_STEP,
     }
     assert sum(len(v) for v in beat.annotations.values()) <= 2 * MAX_HEALTH_CHARS
+
+
+@pytest.mark.parametrize(
+    ("to", "since"),
+    [("False", 100), ("True", 100), ("Unknown", 38)],
+    ids=["kubelet-posted-not-ready", "kubelet-posted-ready", "node-controller-unknown"],
+)
+def test_a_ready_transition_the_operator_saw_is_timed_by_its_clock(to: str, since: float) -> None:
+    """The node's clock is 60 s slow: the kubelet writes a transition at 100 s as 40 s. The
+    book times it by the operator's clock (100 s), and keeps that while the state holds;
+    Unknown comes from the node controller, whose time (38 s here) is kept."""
+    clock = [at(0)]
+    book = NodeBook(clock=lambda: clock[0])
+    start = "False" if to == "True" else "True"
+    node_record(node("n", "pool-0", ready=start, ready_since=at(-50)), book)
+    clock[0] = at(100)
+    written = at(38) if to == "Unknown" else at(40)
+    node_record(node("n", "pool-0", ready=to, ready_since=written), book)
+    assert book.snapshot()["n"].ready_since == at(since)
+    clock[0] = at(130)
+    node_record(node("n", "pool-0", ready=to, ready_since=written), book)  # a status renewal
+    assert book.snapshot()["n"].ready_since == at(since)
+    assert node_view(node("n", "pool-0", ready=to, ready_since=written)).ready_since == written
+
+
+def test_a_node_first_seen_keeps_its_own_transition_time() -> None:
+    book = NodeBook(clock=lambda: at(100))
+    node_record(node("n", "pool-0", ready="False", ready_since=at(30)), book)
+    assert book.snapshot()["n"].ready_since == at(30)
