@@ -254,7 +254,8 @@ def parse_termination_message(text: str | None) -> TerminationMessage | None:
     try:
         hint = ClassHint(str(data.get("class_hint", "")))
         exit_code = int(data["exit_code"])
-    except (KeyError, TypeError, ValueError):
+    # json.loads reads Infinity (and 1e400) as an infinite float, which int() overflows on.
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
     def optional_int(key: str) -> int | None:

@@ -31,7 +31,7 @@ class KeptSlice(StatusModel):
     slice: int = Field(ge=0, le=c.MAX_SLICES, description="Slice index.")
     pods_attempt: int = Field(
         ge=1,
-        le=1_000_000,
+        le=c.MAX_ATTEMPT,
         description="The attempt the kept pods were created for (their names carry it).",
     )
 

@@ -33,6 +33,10 @@ MAX_RESTARTS = 10_000
 MAX_SECONDS = 7 * 24 * 3600
 
 # Bounds on what the operator writes into status.
+# The last attempt a job may have: the heartbeat's attempt, a rejoin order's and a kept slice's
+# are read only up to it, so an attempt past it could never be watched or fenced. The restart
+# budgets (three classes of MAX_RESTARTS) keep a job far below it.
+MAX_ATTEMPT = 1_000_000
 TIMELINE_LIMIT = 50
 MAX_CONDITIONS = 16
 MAX_FAILED_NODES_RECORDED = 512

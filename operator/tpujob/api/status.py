@@ -21,7 +21,8 @@ from tpujob.api.attempt import (
     FailureRecord,
 )
 from tpujob.api.base import StatusModel
-from tpujob.api.enums import ConditionStatus, FailureClass, Phase
+from tpujob.api.contract import MAX_COUNT
+from tpujob.api.enums import ConditionStatus, ConditionType, FailureClass, Phase
 
 Message = Annotated[str, Field(max_length=c.MAX_MESSAGE_LENGTH)]
 
@@ -59,7 +60,9 @@ class Restarts(StatusModel):
         if isinstance(data, dict):
             counts = [data.get(k, 0) for k in ("soft", "medium", "hard")]
             if all(isinstance(n, int) for n in counts):
-                data = {**data, "total": sum(counts)}
+                # Each count is an int64 the CRD admitted; their sum may not be one, and a
+                # status that says so is refused on every write (the job wedged).
+                data = {**data, "total": min(sum(counts), MAX_COUNT)}
         return data
 
     def count(self, failure_class: FailureClass) -> int:
@@ -289,7 +292,7 @@ class TPUTrainingJobStatus(StatusModel):
                 update={"last_transition_time": old.last_transition_time}
             )
         if old is None:
-            return self.model_copy(update={"conditions": (*self.conditions, condition)})
+            return self.model_copy(update={"conditions": _bounded((*self.conditions, condition))})
         return self.model_copy(
             update={
                 "conditions": tuple(
@@ -297,6 +300,20 @@ class TPUTrainingJobStatus(StatusModel):
                 )
             }
         )
+
+
+_OWN_CONDITION_TYPES = frozenset(ConditionType)
+
+
+def _bounded(conditions: tuple[Condition, ...]) -> tuple[Condition, ...]:
+    """`conditions` within the CRD's maxItems. A status may hold types this operator never
+    sets (another version's, or a tenant's own) up to the bound; one more of the operator's
+    own would make every later status write refused (the job wedged). The oldest of the
+    foreign types make room; the operator's own types alone are fewer than the bound."""
+    while len(conditions) > c.MAX_CONDITIONS:
+        gone = next((x for x in conditions if x.type not in _OWN_CONDITION_TYPES), conditions[0])
+        conditions = tuple(x for x in conditions if x is not gone)
+    return conditions
 
 
 def status_patch(status: TPUTrainingJobStatus) -> dict[str, Any]:

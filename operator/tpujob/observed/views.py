@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpujob.api import TPUTrainingJob, contract, labels
+from tpujob.api import constants as c
 from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.catalogue import Catalogue
 
@@ -81,6 +82,10 @@ class PodView:
         return self.phase == "Failed"
 
 
+# More hosts than any TPU slice has (the largest has 1536).
+MAX_WORKER = 100_000
+
+
 def pod_view(raw: Mapping[str, Any]) -> PodView:
     meta, spec, status = raw["metadata"], raw.get("spec") or {}, raw.get("status") or {}
     pod_labels = meta.get("labels") or {}
@@ -106,9 +111,12 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
     return PodView(
         name=meta["name"],
         uid=meta.get("uid", ""),
-        attempt=_int(pod_labels.get(labels.ATTEMPT)) or 0,
-        slice=_int(pod_labels.get(labels.SLICE)) or 0,
-        worker=_int(pod_labels.get(labels.WORKER)) or 0,
+        # Labels are free to write: a number past any the operator gives (past any the status
+        # can hold, for the attempt) is read as 0, as a label that is no number is, never as a
+        # value a status field cannot hold.
+        attempt=_bounded_int(pod_labels.get(labels.ATTEMPT), 0, contract.MAX_COUNT) or 0,
+        slice=_bounded_int(pod_labels.get(labels.SLICE), 0, c.MAX_SLICES) or 0,
+        worker=_bounded_int(pod_labels.get(labels.WORKER), 0, MAX_WORKER) or 0,
         node=spec.get("nodeName"),
         phase=status.get("phase") or "Pending",
         created=parse_time(meta.get("creationTimestamp")),
@@ -277,7 +285,7 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         loss=number(contract.HEARTBEAT_LOSS, -math.inf, math.inf),
         steps_per_second=number(contract.HEARTBEAT_STEPS_PER_SECOND, 0.0, MAX_STEPS_PER_SECOND),
         checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0, MAX_STEP),
-        attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, 10**6),
+        attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, c.MAX_ATTEMPT),
         rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
         job_uid=_str(notes.get(contract.HEARTBEAT_JOB_UID)),
         annotations={

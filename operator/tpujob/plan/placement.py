@@ -24,6 +24,8 @@ from tpujob.observed.views import NodeView
 
 # How far ahead a job with no measured pace is assumed to run.
 DEFAULT_RUN_HORIZON = timedelta(hours=24)
+# The furthest `expected_end` looks ahead, however slow the measured pace.
+MAX_RUN_AHEAD = timedelta(days=365)
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,9 @@ def expected_end(
     if step is None or not total_steps or not steps_per_second or steps_per_second <= 0:
         return now + horizon
     left = max(0, total_steps - step) / steps_per_second
-    return now + min(timedelta(seconds=left), timedelta(days=365))
+    # The pace (the status's or the heartbeat's) may be any tiny positive number: the seconds
+    # are capped before they make a timedelta, which overflows past 999999999 days.
+    return now + timedelta(seconds=min(left, MAX_RUN_AHEAD.total_seconds()))
 
 
 def plan_placement(

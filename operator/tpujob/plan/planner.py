@@ -9,11 +9,12 @@ job or plans the next attempt (see `tpujob.plan.recovery`). Reads no clock and d
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from tpujob.api import ConditionStatus, ConditionType, Phase, Progress, TPUTrainingJob
+from tpujob.api import constants as c
 from tpujob.api.attempt import AttemptStatus
-from tpujob.api.reasons import ConditionReason, EventReason, EventType, TimelineKind
+from tpujob.api.reasons import ConditionReason, EventReason, EventType, FailReason, TimelineKind
 from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
 from tpujob.observed.nodes import lost
 from tpujob.observed.trouble import find_trouble
@@ -27,6 +28,7 @@ from tpujob.plan.marks import mark_blamed_nodes
 from tpujob.plan.placement import placement, pools_of
 from tpujob.plan.pod_security import hostpath_allowed
 from tpujob.plan.pools import choose_pools
+from tpujob.plan.recovery import no_attempt_left
 from tpujob.plan.result import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan.slices import abandon_if_broken, is_kept, kept_pods, rejoin
 
@@ -66,6 +68,8 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         draft.condition(ConditionType.SPEC_VALID, False, ConditionReason.INVALID_SPEC, refused)
         draft.update(phase=Phase.PENDING)
         draft.requeue_after = REFUSED_SPEC_POLL_SECONDS
+    elif job.status.phase is Phase.SUSPENDED and job.status.attempt >= c.MAX_ATTEMPT:
+        _no_attempt_left(obs, draft)
     elif job.status.attempt == 0 or job.status.phase is Phase.SUSPENDED:
         _new_attempt_after_start_or_resume(obs, draft, settings)
         # Launched in the same reconcile: the status planning the attempt is written before
@@ -155,6 +159,17 @@ def _new_attempt_after_start_or_resume(
     )
 
 
+def _no_attempt_left(obs: Observed, draft: Draft) -> None:
+    """A suspended job at the last attempt it may have fails instead of resuming: attempt + 1
+    could not be watched, nor (past int64) written. See `recovery.no_attempt_left`."""
+    message = no_attempt_left(obs.job, "resumed")
+    draft.update(phase=Phase.FAILED, completion_time=draft.now)
+    draft.condition(ConditionType.FAILED, True, FailReason.RESTART_BUDGET, message)
+    draft.condition(ConditionType.SUSPENDED, False, FailReason.RESTART_BUDGET)
+    draft.timeline(TimelineKind.FAILED, message)
+    draft.event(EventType.WARNING, FailReason.RESTART_BUDGET, message)
+
+
 def _suspend(obs: Observed, draft: Draft) -> None:
     for pod in obs.pods:
         if not pod.terminal and pod.deleting_since is None:
@@ -179,7 +194,9 @@ def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     ttl = obs.job.spec.ttl_seconds_after_finished
     done = obs.job.status.completion_time
     if ttl is not None and done is not None:
-        left = (done + timedelta(seconds=ttl) - draft.now).total_seconds()
+        # Counted in seconds, not as a time: the CRD admits any int64 ttl, and a deadline past
+        # the year 9999 would overflow datetime and fail every reconcile of the finished job.
+        left = ttl - (draft.now - done).total_seconds()
         if left <= 0:
             draft.delete_job = True
         else:

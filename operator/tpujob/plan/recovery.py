@@ -4,7 +4,7 @@
 the job (fatal, recovery off, a budget spent) or start the next attempt, with the class's
 adjustments. The checks run in a fixed order, first match wins, and the restart itself is the
 one named default: fatal -> non-finite loss rollbacks spent -> autoRecovery off -> class
-budget -> failed-node budget -> restart.
+budget -> failed-node budget -> the last attempt a job may have -> restart.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tpujob import diagnosis as dx
 from tpujob.api import FailureClass, TPUTrainingJob
+from tpujob.api import constants as c
 from tpujob.api.reasons import FailReason
 from tpujob.plan.rollback import NAN_ADVICE
 
@@ -131,12 +132,30 @@ def _node_budget(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJo
     )
 
 
+def _attempts(d: dx.Diagnosis, job: TPUTrainingJob, broken: Broken) -> FailJob | None:
+    # The restart budgets keep a job far below the bound; a status that says otherwise (an
+    # attempt written by hand, up to the CRD's int64) must not get attempt + 1 written, which
+    # past c.MAX_ATTEMPT no heartbeat can match and past int64 the apiserver refuses.
+    if job.status.attempt < c.MAX_ATTEMPT:
+        return None
+    return FailJob(FailReason.RESTART_BUDGET, f"{d.headline}; {no_attempt_left(job)}")
+
+
+def no_attempt_left(job: TPUTrainingJob, then: str = "restarted") -> str:
+    """Why the job gets no next attempt (`then`: what it would have been)."""
+    return (
+        f"attempt {job.status.attempt} is the last a job may have "
+        f"({c.MAX_ATTEMPT} attempts at most), so the job is not {then}"
+    )
+
+
 CHECKS: tuple[Callable[[dx.Diagnosis, TPUTrainingJob, Broken], FailJob | None], ...] = (
     _fatal,
     _nan_rollbacks,
     _auto_recovery,
     _class_budget,
     _node_budget,
+    _attempts,
 )
 
 
@@ -162,7 +181,10 @@ def marks(d: dx.Diagnosis, broken: Broken) -> tuple[str, ...]:
 
 def collective_timeout(base_seconds: int, medium_restarts: int) -> int:
     """Medium retries double the collective timeout each time (up to an hour)."""
-    return int(min(MAX_COLLECTIVE_TIMEOUT_SECONDS, base_seconds * 2 ** max(0, medium_restarts)))
+    # The count is the status's, any int64 the CRD admits: past a dozen doublings the hour is
+    # reached, and 2 ** count itself would keep the planner computing (and growing) for ever.
+    doublings = min(max(0, medium_restarts), MAX_COLLECTIVE_TIMEOUT_SECONDS.bit_length())
+    return int(min(MAX_COLLECTIVE_TIMEOUT_SECONDS, base_seconds * 2**doublings))
 
 
 def decide(
