@@ -10,7 +10,7 @@ ValidatingAdmissionPolicy must refuse the Lease write instead, which a server-si
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -137,13 +137,21 @@ def scoped(
     yield from install(cluster, core, namespace, (other_namespace,))
 
 
-def bind_lease_writer(cluster: LocalCluster, operator: Operator, namespace: str) -> None:
+def bind_lease_writer(
+    cluster: LocalCluster,
+    operator: Operator,
+    namespace: str,
+    *,
+    as_operator: bool = True,
+    dry_run: bool = False,
+) -> None:
     """Do as the operator does before a job's first Lease in `namespace`: bind the -leases
     ClusterRole to its own ServiceAccount there, as that ServiceAccount (so the bind right is
-    what is tested, not the test's own)."""
+    what is tested, not the test's own), or, `as_operator` False, as a cluster admin would."""
     assert operator.lease_role is not None
     rbac = client.RbacAuthorizationV1Api(cluster.api_client())
-    rbac.api_client.default_headers["Impersonate-User"] = operator.user
+    if as_operator:
+        rbac.api_client.default_headers["Impersonate-User"] = operator.user
     rbac.create_namespaced_role_binding(
         namespace,
         {
@@ -157,6 +165,7 @@ def bind_lease_writer(cluster: LocalCluster, operator: Operator, namespace: str)
                 {"kind": "ServiceAccount", "name": operator.account, "namespace": operator.home}
             ],
         },
+        **({"dry_run": "All"} if dry_run else {}),
     )
 
 
@@ -315,6 +324,15 @@ def test_watching_namespaces_creates_no_pod_outside_them(scoped: Operator) -> No
     assert not scoped.may("create", "", "pods")
 
 
+def _refused(call: Callable[[], object]) -> str:
+    """The refusal's message, or "" when the call went through."""
+    try:
+        call()
+    except ApiException as err:
+        return str(err.body or err.reason)
+    return ""
+
+
 def lease_write_refusal(cluster: LocalCluster, operator: Operator, namespace: str) -> str:
     proc = cluster.kubectl(
         "create",
@@ -346,9 +364,23 @@ def test_watching_everywhere_the_policy_refuses_lease_writes_in_system_namespace
 ) -> None:
     # RBAC refuses first: the operator holds Lease writes only where it bound them.
     assert "forbidden" in lease_write_refusal(cluster, everywhere, system_namespace)
-    # Bound there anyway (by mistake, or by a compromised operator: it may bind that role in
-    # any namespace), the policy still refuses.
-    bind_lease_writer(cluster, everywhere, system_namespace)
+
+    # It may bind that role in any namespace, but the policy refuses it any RoleBinding in a
+    # system namespace (a compromised operator cannot grant itself Leases there).
+    def bind_refused() -> str:
+        found = _refused(
+            lambda: bind_lease_writer(cluster, everywhere, system_namespace, dry_run=True)
+        )
+        return found if "system namespaces" in found else ""
+
+    refused = wait_for(
+        bind_refused,
+        timeout=30,
+        what=f"the policy to refuse the operator a RoleBinding in {system_namespace}",
+    )
+    assert "may not write rolebindings in system namespaces" in refused
+    # Bound there anyway (by an admin's mistake), the policy still refuses the Lease write.
+    bind_lease_writer(cluster, everywhere, system_namespace, as_operator=False)
     rbac = client.RbacAuthorizationV1Api(cluster.api_client())
     try:
         refusal = wait_for(
