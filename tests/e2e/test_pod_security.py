@@ -118,10 +118,9 @@ def test_a_relaxed_trainer_is_still_judged_by_the_namespace(
     assert refusal in message
 
 
-@pytest.fixture
-def host_path_policy(cluster: LocalCluster, crds_installed: None, namespace: str) -> Iterator[str]:
-    """The chart's hostPath policy allowing ALLOWED_PREFIX, bound to this test's namespace."""
-    rendered = helm_template(
+def host_path_policy_manifests(cluster: LocalCluster, namespace: str) -> str:
+    """The chart's hostPath policy allowing ALLOWED_PREFIX, bound to `namespace`, rendered."""
+    return helm_template(
         cluster,
         f"hp-{namespace[-5:]}",
         "tpujob-system",
@@ -129,6 +128,12 @@ def host_path_policy(cluster: LocalCluster, crds_installed: None, namespace: str
         f"watchNamespaces={{{namespace}}}",
         only=("templates/admission-policies.yaml",),
     )
+
+
+@pytest.fixture
+def host_path_policy(cluster: LocalCluster, crds_installed: None, namespace: str) -> Iterator[str]:
+    """The chart's hostPath policy allowing ALLOWED_PREFIX, bound to this test's namespace."""
+    rendered = host_path_policy_manifests(cluster, namespace)
     cluster.kubectl("apply", "-f", "-", input_text=rendered)
     try:
         yield namespace
@@ -198,14 +203,7 @@ def test_a_job_admitted_before_the_prefixes_narrowed_can_still_be_deleted_not_re
     body = job_body("old", volume={"hostPath": "/elsewhere/ckpt"})
     body["spec"]["suspend"] = True  # stored, never launched
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-    rendered = helm_template(
-        cluster,
-        f"hp-{namespace[-5:]}",
-        "tpujob-system",
-        f"hostPathPrefixes={{{ALLOWED_PREFIX}/}}",
-        f"watchNamespaces={{{namespace}}}",
-        only=("templates/admission-policies.yaml",),
-    )
+    rendered = host_path_policy_manifests(cluster, namespace)
     cluster.kubectl("apply", "-f", "-", input_text=rendered)
     try:
         wait_for(

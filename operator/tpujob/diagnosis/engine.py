@@ -245,7 +245,9 @@ def _layers(
         yield hit
     killed = _killed_from_outside(worker)
     for hit in _read_hits(worker, table=table, texts=texts, model=model, unknown=unknown):
-        if not (killed and hit.layer in _TEXT_LAYERS and hit.verdict.failure_class is FATAL):
+        if not (
+            killed and hit.layer in _TEXT_LAYERS and hit.verdict.failure_class is FailureClass.FATAL
+        ):
             yield hit
     yield _default_hit(table, worker)
 
@@ -271,7 +273,6 @@ def _read_hits(
 
 # The layers that grade what a process printed, not how it ended.
 _TEXT_LAYERS = frozenset({Layer.RULES, Layer.CATALOGUE, Layer.EXCEPTION, Layer.MODEL})
-FATAL = FailureClass.FATAL
 
 
 def _killed_from_outside(worker: f.WorkerFacts) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from kubernetes import client
@@ -41,18 +42,23 @@ def _uids(list_page: Callable[..., Any]) -> frozenset[str]:
             return frozenset(found)
 
 
+def _in(
+    namespaces: Iterable[str], everywhere: Callable[..., Any], one: Callable[..., Any]
+) -> frozenset[str]:
+    """The uids `everywhere` lists, or, given namespaces, those `one(namespace)` lists in each."""
+    spaces = tuple(namespaces)
+    if not spaces:
+        return _uids(everywhere)
+    return frozenset().union(*(_uids(partial(one, ns)) for ns in spaces))
+
+
 def pod_uids(api: client.ApiClient, namespaces: Iterable[str] = ()) -> frozenset[str]:
     """Uids of the pods that name a job (`labels.JOB`): in `namespaces`, or in all."""
     core = client.CoreV1Api(api)
-    selector = labels.JOB
-    spaces = tuple(namespaces)
-    if not spaces:
-        return _uids(lambda **kw: core.list_pod_for_all_namespaces(label_selector=selector, **kw))
-    return frozenset().union(
-        *(
-            _uids(lambda ns=ns, **kw: core.list_namespaced_pod(ns, label_selector=selector, **kw))
-            for ns in spaces
-        )
+    return _in(
+        namespaces,
+        partial(core.list_pod_for_all_namespaces, label_selector=labels.JOB),
+        partial(core.list_namespaced_pod, label_selector=labels.JOB),
     )
 
 
@@ -64,16 +70,8 @@ def node_uids(api: client.ApiClient) -> frozenset[str]:
 def job_uids(api: client.ApiClient, namespaces: Iterable[str] = ()) -> frozenset[str]:
     """Uids of the TPUTrainingJobs: in `namespaces`, or in all."""
     custom = client.CustomObjectsApi(api)
-    spaces = tuple(namespaces)
-    if not spaces:
-        return _uids(lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw))
-    return frozenset().union(
-        *(
-            _uids(
-                lambda ns=ns, **kw: custom.list_namespaced_custom_object(
-                    GROUP, VERSION, ns, PLURAL, **kw
-                )
-            )
-            for ns in spaces
-        )
+    return _in(
+        namespaces,
+        partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL),
+        lambda ns, **kw: custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
     )
