@@ -165,10 +165,10 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
         "greater than or equal to 0",
     ),
     (
-        "stall-timeout-zero",
-        put("spec.recovery.stallTimeoutSeconds", 0),
+        "stall-timeout-too-short",
+        put("spec.recovery.stallTimeoutSeconds", 5),
         "spec.recovery.stallTimeoutSeconds",
-        "greater than or equal to 10",
+        "must be 0 (off) or at least 10",
     ),
     (
         "negative-restart-budget",

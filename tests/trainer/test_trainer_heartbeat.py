@@ -11,6 +11,10 @@ import pytest
 
 from tpujob_trainer.config import load_config
 from tpujob_trainer.contract import (
+    ENV_ATTEMPT,
+    ENV_HEARTBEAT_LEASE,
+    ENV_JOB_UID,
+    ENV_NAMESPACE,
     HEARTBEAT_ATTEMPT,
     HEARTBEAT_CHECKPOINT_STEP,
     HEARTBEAT_JOB_UID,
@@ -21,7 +25,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_TOTAL_STEPS,
 )
 from tpujob_trainer.heartbeat import Heartbeat, Progress
-from tpujob_trainer.runtime import Loop
+from tpujob_trainer.runtime import Loop, announce
 from tpujob_trainer.step_driver import StepDriver
 
 pytestmark = pytest.mark.trainer
@@ -223,3 +227,44 @@ def test_the_last_renewal_names_the_checkpoint_committed_after_the_last_step() -
         ("50", "40"),
         ("50", "50"),
     ]
+
+
+def env_of(process: str) -> dict[str, str]:
+    return {
+        ENV_HEARTBEAT_LEASE: "job-heartbeat",
+        ENV_NAMESPACE: "team-a",
+        ENV_ATTEMPT: "3",
+        ENV_JOB_UID: "uid-3",
+        "JAX_COORDINATOR_ADDRESS": "job-0.job:8476",
+        "JAX_PROCESS_ID": process,
+        "JAX_NUM_PROCESSES": "2",
+    }
+
+
+def test_worker_zero_announces_its_attempt_and_clears_the_step_an_earlier_one_left() -> None:
+    client = RecordingLeases()
+    assert announce(load_config(["--steps", "50"], env_of("0")), client)
+    [(name, namespace, body)] = client.patches
+    assert (name, namespace) == ("job-heartbeat", "team-a")
+    notes = body["metadata"]["annotations"]
+    assert notes[HEARTBEAT_ATTEMPT] == "3"
+    assert notes[HEARTBEAT_JOB_UID] == "uid-3"
+    # A merge patch's null deletes the key: the operator must not read attempt 2's step as 3's.
+    assert HEARTBEAT_STEP in notes and notes[HEARTBEAT_STEP] is None
+    assert body["spec"]["renewTime"].endswith("Z")
+
+
+@pytest.mark.parametrize(
+    ("env", "client"),
+    [
+        (env_of("1"), RecordingLeases()),  # only worker 0 writes the Lease
+        ({}, RecordingLeases()),  # outside the operator: no Lease
+        (env_of("0"), RecordingLeases(failures=1)),  # the apiserver refuses: training goes on
+    ],
+    ids=["other-worker", "no-lease", "api-error"],
+)
+def test_an_announcement_that_cannot_be_made_is_skipped_without_raising(
+    env: dict[str, str], client: RecordingLeases
+) -> None:
+    assert not announce(load_config(["--steps", "50"], env), client)
+    assert client.patches == []

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tpujob_trainer import rejoin
+from tpujob_trainer import rejoin, runtime
 from tpujob_trainer.config import NO_REJOIN_FLAG, Framework, TrainerConfig, load_config
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.failures import (
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 def _run(config: TrainerConfig, holder: list[FailureContext]) -> ExitCode:
     trainer: Trainer | TensorFlowTrainer
+    # Before the framework's import, which alone can take tens of seconds on a busy host.
+    runtime.announce(config)
     if config.framework is Framework.TENSORFLOW:
         from tpujob_trainer.tf_trainer import TensorFlowTrainer
 

@@ -130,6 +130,27 @@ def lease_patch(progress: Progress, now: datetime, job_uid: str | None = None) -
     }
 
 
+def announce_patch(
+    attempt: int, now: datetime, job_uid: str | None = None, *, rejoins: bool = False
+) -> dict[str, Any]:
+    """The merge patch that announces the contract for `attempt` before its first step.
+
+    It clears the step an earlier attempt left, so the operator times this attempt's start-up
+    and does not read that step as this attempt's progress.
+    """
+    return {
+        "metadata": {
+            "annotations": {
+                HEARTBEAT_STEP: None,
+                HEARTBEAT_ATTEMPT: str(attempt),
+                HEARTBEAT_REJOINS: "true" if rejoins else "false",
+                **({HEARTBEAT_JOB_UID: job_uid} if job_uid else {}),
+            }
+        },
+        "spec": {"renewTime": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    }
+
+
 class Heartbeat:
     """Rate-limited Lease renewal on progress; thread-safe; `start()`/`stop()` own the thread."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from datetime import UTC, datetime
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.failures import FailureContext
 from tpujob_trainer.faults import restore_error_from
 from tpujob_trainer.fencing import SaveGate
-from tpujob_trainer.heartbeat import Heartbeat, KubernetesLeaseClient
+from tpujob_trainer.heartbeat import Heartbeat, KubernetesLeaseClient, LeaseClient, announce_patch
 from tpujob_trainer.preflight import check_devices, probe_jax
 
 if TYPE_CHECKING:
@@ -116,6 +117,29 @@ def lease_client(config: TrainerConfig) -> KubernetesLeaseClient | _NoCredential
             "heartbeat disabled and saves fenced off: no Kubernetes credentials (%s)", error
         )
         return _NoCredentials(str(error))
+
+
+def announce(config: TrainerConfig, client: LeaseClient | None = None) -> bool:
+    """Worker 0 tells the operator, before the slow start (importing the framework, joining,
+    compiling), that this attempt speaks the heartbeat contract: from then on a trainer that
+    stops beating is hung. Whether it was told; a failure is logged, never raised."""
+    lease = config.heartbeat_lease
+    if lease is None or config.process_id != 0:
+        return False
+    try:
+        client = client or KubernetesLeaseClient()
+        client.patch_lease(
+            lease,
+            config.namespace,
+            announce_patch(
+                config.attempt, datetime.now(UTC), config.job_uid, rejoins=config.rejoins
+            ),
+        )
+    except Exception as error:
+        # The job still trains; the operator only cannot tell a hang at start-up.
+        log.warning("heartbeat: announcing on lease %s failed: %s", lease, error)
+        return False
+    return True
 
 
 def heartbeat(

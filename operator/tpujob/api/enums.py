@@ -83,6 +83,9 @@ class ConditionType(enum.StrEnum):
     """True while one worker is consistently slower than its peers (names its node)."""
     HOST_MEMORY_GROWING = "HostMemoryGrowing"
     """True while a worker's host memory grows towards its limit (projected time given)."""
+    HEARTBEAT = "Heartbeat"
+    """True once the trainer announced the heartbeat contract (a hang is then detected);
+    False with why when it is not judged by its heartbeat."""
     PLANNING_SLOW = "PlanningSlow"
     """True when planning the job (its diagnosis included) overran the operator's budget."""
     SHAPE_OFFERED = "ShapeOffered"

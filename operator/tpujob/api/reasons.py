@@ -42,6 +42,12 @@ class ConditionReason(enum.StrEnum):
     ALL_WORKERS_SUCCEEDED = "AllWorkersSucceeded"
     FINISHED = "Finished"
     HEALTHY = "Healthy"
+    ANNOUNCED = "Announced"
+    """Heartbeat=True: the trainer wrote its heartbeat Lease for this attempt."""
+    NOT_ANNOUNCED = "NotAnnounced"
+    """Heartbeat=False: the trainer's workers run but it never wrote the Lease."""
+    STALL_DETECTION_OFF = "StallDetectionOff"
+    """Heartbeat=False: spec.recovery.stallTimeoutSeconds is 0."""
 
 
 class FailReason(enum.StrEnum):

@@ -24,6 +24,11 @@ DEFAULT_MAX_FAILED_NODES = "20%"
 DEFAULT_BACKOFF_INITIAL_SECONDS = 10
 DEFAULT_BACKOFF_MAX_SECONDS = 300
 DEFAULT_STALL_TIMEOUT_SECONDS = 600
+# Joining the job, restoring a large checkpoint from cloud storage and compiling the first
+# step take minutes on real slices; a start-up hang is the rarer failure, so the limit is long.
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 1800
+# Below this a busy host's stall timeout fires on a healthy step; 0 is "off".
+MIN_STALL_TIMEOUT_SECONDS = 10
 
 # 0% to 50%, one spelling per value; the same expression runs in CEL and in Python.
 PERCENT_PATTERN = "^(50|[1-4]?[0-9])%$"
@@ -215,11 +220,29 @@ class RecoverySpec(SpecModel):
     )
     stall_timeout_seconds: int = Field(
         default=DEFAULT_STALL_TIMEOUT_SECONDS,
-        ge=10,
+        ge=0,
         le=c.MAX_SECONDS,
         description=(
-            "A job whose step has not advanced for this long (heartbeat stale) is treated as "
-            "hung and restarted as a medium failure."
+            "Once the trainer has announced the heartbeat contract, a job whose step has not "
+            "advanced for this long (heartbeat stale) is treated as hung and restarted as a "
+            "soft failure. 0 turns stall detection off; a trainer that never announces the "
+            "contract runs without it. Pod and node signals apply either way."
+        ),
+        json_schema_extra=validations(
+            cel(
+                f"self == 0 || self >= {MIN_STALL_TIMEOUT_SECONDS}",
+                f"stallTimeoutSeconds must be 0 (off) or at least {MIN_STALL_TIMEOUT_SECONDS}",
+            )
+        ),
+    )
+    startup_timeout_seconds: int = Field(
+        default=DEFAULT_STARTUP_TIMEOUT_SECONDS,
+        ge=MIN_STALL_TIMEOUT_SECONDS,
+        le=c.MAX_SECONDS,
+        description=(
+            "From its workers running to its first step, an attempt whose trainer announced "
+            "the heartbeat contract may take this long (joining the job, restoring, compiling) "
+            "before it counts as hung. Off when stallTimeoutSeconds is 0."
         ),
     )
     bad_node_action: BadNodeAction = Field(
@@ -230,6 +253,15 @@ class RecoverySpec(SpecModel):
         max_length=c.MAX_RULES,
         description="User rules, checked in order before the built-in classification.",
     )
+
+    @field_validator("stall_timeout_seconds")
+    @classmethod
+    def _stall_off_or_long_enough(cls, value: int) -> int:
+        if 0 < value < MIN_STALL_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"stallTimeoutSeconds must be 0 (off) or at least {MIN_STALL_TIMEOUT_SECONDS}"
+            )
+        return value
 
     @field_validator("max_failed_nodes")
     @classmethod

@@ -119,6 +119,7 @@ def find_trouble(
     now: datetime,
     launched_at: datetime | None,
     stall_timeout: float,
+    startup_timeout: float,
     last_step: int | None,
     health: NodeHealthSettings = DEFAULT_HEALTH,
 ) -> Trouble | None:
@@ -152,18 +153,17 @@ def find_trouble(
             tuple(p.name for p, _ in troubled),
             tuple(sorted({p.node for p, _ in troubled if p.node})),
         )
-    heartbeat = _stalled(obs, pods, now=now, launched_at=launched_at, timeout=stall_timeout)
+    heartbeat = _stalled(
+        obs,
+        pods,
+        now=now,
+        launched_at=launched_at,
+        timeout=stall_timeout,
+        startup_timeout=startup_timeout,
+    )
     if heartbeat is not None:
         return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())
     return None
-
-
-# Until an attempt's first heartbeat, start-up (joining the job, restoring, compiling the first
-# step) may take this many stall timeouts before it counts as a hang.
-STARTUP_TIMEOUTS = 2
-# ... and never less than this: importing the framework and joining the job's processes take
-# tens of seconds on a busy host whatever the stall timeout says.
-STARTUP_FLOOR_SECONDS = 60.0
 
 
 def _stalled(
@@ -173,26 +173,28 @@ def _stalled(
     now: datetime,
     launched_at: datetime | None,
     timeout: float,
+    startup_timeout: float,
 ) -> dx.HeartbeatFacts | None:
     """A heartbeat older than the stall timeout while every worker runs is a hang.
 
-    Before this attempt's first beat the clock starts when the last worker started running,
-    and start-up gets STARTUP_TIMEOUTS stall timeouts. Time the API server was unreachable
-    does not count (`Observed.api_reachable_since`).
+    Only a trainer that announced the heartbeat contract for this attempt is judged by it: one
+    that never writes the Lease (the user's own, without the SDK) is not hung for being silent.
+    Between the announcement and the first step the clock starts when the last worker started
+    running and the limit is the start-up timeout. A timeout of 0 is off. Time the API server
+    was unreachable does not count (`Observed.api_reachable_since`).
     """
-    if not pods or launched_at is None or not all(p.running for p in pods):
+    if timeout <= 0 or not pods or launched_at is None or not all(p.running for p in pods):
         return None
     beat = obs.heartbeat
-    attempt = obs.job.status.attempt
-    own = beat is not None and beat.attempt == attempt and beat.renewed is not None
-    if own and beat is not None and beat.renewed is not None:
+    if beat is None or beat.attempt != obs.job.status.attempt or beat.renewed is None:
+        return None
+    if beat.step is not None:
         # Witnessed by the operator's clock when it can be: the trainer's may be off.
         since, limit = beat.seen or beat.renewed, timeout
     else:
         # Start times are the kubelet's clock: one ahead must not hold the clock back.
         started = [min(p.running_since, now) for p in pods if p.running_since is not None]
-        since = max([launched_at, *started])
-        limit = max(timeout * STARTUP_TIMEOUTS, STARTUP_FLOOR_SECONDS)
+        since, limit = max([launched_at, *started]), startup_timeout
     if obs.api_reachable_since is not None and obs.api_reachable_since > since:
         # An apiserver outage is no hang: the trainers could not renew, nor could the operator
         # see them renew; they get a whole stall timeout from the API's return.
@@ -200,13 +202,7 @@ def _stalled(
     seconds = (now - since).total_seconds()
     if seconds <= limit:
         return None
-    # The step of another attempt's beat is not this hang's: stamping it would make a hang at
-    # start-up look like the same failure at the same step (a deterministic repeat).
-    return dx.HeartbeatFacts(
-        seconds_since=seconds,
-        stall_timeout=limit,
-        step=beat.step if own and beat is not None else None,
-    )
+    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=limit, step=beat.step)
 
 
 def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:

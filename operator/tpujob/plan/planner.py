@@ -24,6 +24,7 @@ from tpujob.plan.failed_nodes import avoided_by
 from tpujob.plan.failure import handle_failure
 from tpujob.plan.goodput import breakdown, ended_attempt, goodput_of
 from tpujob.plan.health_conditions import watch_training_health
+from tpujob.plan.heartbeat_condition import ANNOUNCE_GRACE_SECONDS, watch_heartbeat
 from tpujob.plan.marks import mark_blamed_nodes
 from tpujob.plan.placement import placement, pools_of
 from tpujob.plan.pod_security import hostpath_allowed
@@ -373,6 +374,7 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
         now=now,
         launched_at=current.launched_time,
         stall_timeout=job.spec.recovery.stall_timeout_seconds,
+        startup_timeout=job.spec.recovery.startup_timeout_seconds,
         last_step=own_step(obs),
         health=settings.node_health,
     )
@@ -472,8 +474,10 @@ def _watch_health(
         )
         draft.condition(ConditionType.RECOVERING, False, ConditionReason.RUNNING)
     watch_training_health(obs, draft, pods)
+    watch_heartbeat(obs, draft, pods)
     _say_unschedulable(draft, pods)
-    draft.requeue(job.spec.recovery.stall_timeout_seconds / 4)
+    # A stall shows as nothing happening, so no event wakes the job: it is looked at again.
+    draft.requeue((job.spec.recovery.stall_timeout_seconds or ANNOUNCE_GRACE_SECONDS) / 4)
 
 
 def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> None:

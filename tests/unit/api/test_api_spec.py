@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from tpujob.api import BadNodeAction, Framework, InvalidJobError, RecoverySpec, parse_job
 from tpujob.api.recovery import Backoff
@@ -59,6 +60,20 @@ def test_minimal_spec_gets_documented_defaults() -> None:
     assert (spec.recovery.backoff.initial_seconds, spec.recovery.backoff.max_seconds) == (10, 300)
     assert spec.checkpoint is None
     assert spec.suspend is False
+
+
+@pytest.mark.parametrize(
+    ("seconds", "valid"), [(0, True), (5, False), (9, False), (10, True), (600, True)]
+)
+def test_stall_detection_is_off_at_zero_and_never_shorter_than_ten_seconds(
+    seconds: int, valid: bool
+) -> None:
+    body = {"stallTimeoutSeconds": seconds}
+    if valid:
+        assert RecoverySpec.model_validate(body).stall_timeout_seconds == seconds
+    else:
+        with pytest.raises(ValidationError, match="0 \\(off\\) or at least 10"):
+            RecoverySpec.model_validate(body)
 
 
 def test_snake_case_names_are_accepted_as_well_as_aliases() -> None:

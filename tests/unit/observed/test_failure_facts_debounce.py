@@ -199,7 +199,15 @@ def test_a_device_plugin_restart_is_no_failure_until_the_shortfall_lasts() -> No
     early = observed(job, pods, nodes=nodes)
     early = replace(early, tpu_short_since={"pool-0-w0": at(15)})
     assert (
-        find_trouble(early, 1, now=at(20), launched_at=at(1), stall_timeout=600, last_step=None)
+        find_trouble(
+            early,
+            1,
+            now=at(20),
+            launched_at=at(1),
+            stall_timeout=600,
+            startup_timeout=1800,
+            last_step=None,
+        )
         is None
     )
     late = find_trouble(
@@ -208,6 +216,7 @@ def test_a_device_plugin_restart_is_no_failure_until_the_shortfall_lasts() -> No
         now=at(15) + timedelta(seconds=61),
         launched_at=at(1),
         stall_timeout=600,
+        startup_timeout=1800,
         last_step=None,
     )
     assert late is not None
@@ -239,7 +248,13 @@ def test_the_pods_own_unhealthy_chips_are_a_hard_tpu_failure_at_once() -> None:
     assert result.status.last_failure.code == "TPU_UNHEALTHY"
     assert [n.name for n in result.status.failed_nodes] == ["pool-0-w0"]
     trouble = find_trouble(
-        observed(job, pods), 1, now=at(20), launched_at=at(1), stall_timeout=600, last_step=None
+        observed(job, pods),
+        1,
+        now=at(20),
+        launched_at=at(1),
+        stall_timeout=600,
+        startup_timeout=1800,
+        last_step=None,
     )
     assert trouble is not None
     assert "accel1" in trouble.facts.workers[0].context

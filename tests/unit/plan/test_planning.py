@@ -352,13 +352,27 @@ def test_a_peer_lost_echo_waits_briefly_for_the_root_cause() -> None:
     assert plan(observed(job, pods), now=at(13.5)).status.attempt == 2
 
 
-def test_start_up_gets_longer_than_a_stall_before_the_first_beat() -> None:
-    job = job_body(status=running_status(), recovery={"stallTimeoutSeconds": 30})
-    old_beat = lease(renewed=-100, step=40, attempt=0)  # from an earlier attempt
-    starting = plan(observed(job, two_workers(job), heartbeat=old_beat), now=at(45))
-    assert starting.status.attempt == 1
-    hung = plan(observed(job, two_workers(job), heartbeat=old_beat), now=at(61))
-    assert hung.status.attempt == 2
+@pytest.mark.parametrize(
+    ("recovery", "beat", "now", "restarted"),
+    [
+        # Announced, no step yet: start-up has its own, longer timeout.
+        ({"stallTimeoutSeconds": 30}, {"step": None, "attempt": 1}, 45, False),
+        ({"stallTimeoutSeconds": 30}, {"step": None, "attempt": 1}, 61, True),
+        # An earlier attempt's beat is no announcement of this one: not judged by it.
+        ({"stallTimeoutSeconds": 30}, {"step": 40, "attempt": 0}, 10_000, False),
+        # Stall detection off: a stale beat of this attempt is not a hang.
+        ({"stallTimeoutSeconds": 0}, {"step": 40, "attempt": 1}, 10_000, False),
+        ({"stallTimeoutSeconds": 30}, {"step": 40, "attempt": 1}, 40, True),
+    ],
+    ids=["starting", "start-up-hang", "never-announced", "stall-detection-off", "stalled"],
+)
+def test_a_hang_is_judged_only_by_a_heartbeat_the_attempt_announced(
+    recovery: dict[str, Any], beat: dict[str, Any], now: float, restarted: bool
+) -> None:
+    job = job_body(status=running_status(), recovery={"startupTimeoutSeconds": 60, **recovery})
+    heartbeat = lease(renewed=-5, **beat)
+    result = plan(observed(job, two_workers(job), heartbeat=heartbeat), now=at(now))
+    assert (result.status.attempt == 2) is restarted
 
 
 def test_a_missing_pod_is_recreated_wired_like_its_attempt() -> None:
@@ -513,10 +527,13 @@ def test_a_save_broken_by_a_killed_peer_blames_the_killed_peer() -> None:
 
 
 def test_a_hang_at_start_up_is_not_stamped_with_the_previous_attempts_step() -> None:
-    # A short stall timeout still leaves start-up its floor; the hang that follows has no step
-    # of its own, so a second one is not "the same failure at the same step".
-    job = job_body(status=running_status(attempt=2), recovery={"stallTimeoutSeconds": 10})
-    old_beat = lease(renewed=-100, step=17, attempt=1)
+    # Attempt 2 announced itself over attempt 1's beat; the hang that follows has no step of
+    # its own, so a second one is not "the same failure at the same step".
+    job = job_body(
+        status=running_status(attempt=2),
+        recovery={"stallTimeoutSeconds": 10, "startupTimeoutSeconds": 60},
+    )
+    old_beat = lease(renewed=-100, step=None, attempt=2)
     pods = [pod(job, 2, 0, 0), pod(job, 2, 0, 1)]
     assert plan(observed(job, pods, heartbeat=old_beat), now=at(50)).diagnosis is None
     hung = plan(observed(job, pods, heartbeat=old_beat), now=at(70))

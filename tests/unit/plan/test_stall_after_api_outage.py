@@ -11,11 +11,14 @@ from tests.unit.builders import at, job_body, lease, observed, pod, running_stat
 from tpujob.plan.planner import plan
 
 
-def stalled_at(now: float, *, reachable_since: datetime | None, own_beat: bool = True) -> bool:
-    """Whether the plan at `now` restarts a job whose last beat was at 10 s (stall timeout 20 s)."""
-    job = job_body(status=running_status(), recovery={"stallTimeoutSeconds": 20})
+def stalled_at(now: float, *, reachable_since: datetime | None, stepped: bool = True) -> bool:
+    """Whether the plan at `now` restarts a job whose last beat was at 10 s (stall timeout 20 s,
+    start-up timeout 60 s); not `stepped`: the beat is the attempt's announcement."""
+    job = job_body(
+        status=running_status(), recovery={"stallTimeoutSeconds": 20, "startupTimeoutSeconds": 60}
+    )
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
-    beat = lease(renewed=10, step=40, attempt=1 if own_beat else 7)
+    beat = lease(renewed=10, step=40 if stepped else None, attempt=1)
     obs = replace(observed(job, pods, heartbeat=beat), api_reachable_since=reachable_since)
     return plan(obs, now=at(now)).status.attempt == 2
 
@@ -44,7 +47,7 @@ def test_a_heartbeat_ages_only_while_the_api_is_reachable(
 
 
 def test_start_up_time_lost_to_an_api_outage_is_given_back() -> None:
-    # No beat of its own yet: start-up gets its floor (60 s), counted from the API's return.
-    assert stalled_at(75, reachable_since=None, own_beat=False)
-    assert not stalled_at(75, reachable_since=at(30), own_beat=False)
-    assert stalled_at(95, reachable_since=at(30), own_beat=False)
+    # Announced, no step yet: start-up gets its timeout (60 s), counted from the API's return.
+    assert stalled_at(75, reachable_since=None, stepped=False)
+    assert not stalled_at(75, reachable_since=at(30), stepped=False)
+    assert stalled_at(95, reachable_since=at(30), stepped=False)
