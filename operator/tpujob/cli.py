@@ -3,6 +3,7 @@
 A subcommand module exposes `register(subparsers)`, which adds its parser and sets
 `handler` (a callable taking the parsed namespace and returning an exit status). Modules are
 imported only when their subcommand is registered, so `tpujob diagnose` never imports kopf.
+A `CommandError` from any of them is printed here as one line on stderr, not a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+
+from tpujob.cli_output import CommandError
 
 # Subcommand name -> module that registers it.
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -48,7 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(only)
     args = parser.parse_args(args_list)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except CommandError as err:
+        print(f"tpujob: {err}", file=sys.stderr)
+        return err.status
 
 
 if __name__ == "__main__":
