@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 
@@ -28,11 +29,22 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+def version() -> str:
+    """The installed distribution's version; run from a source tree, the package's own."""
+    try:
+        return importlib.metadata.version("tpujob")
+    except importlib.metadata.PackageNotFoundError:
+        import tpujob
+
+        return tpujob.__version__
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, just the module owning that subcommand is imported."""
     parser = argparse.ArgumentParser(
         prog="tpujob", description="Run TPU training jobs on Kubernetes and keep them training."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     seen: set[str] = set()
     for name, module_name in SUBCOMMANDS:

@@ -261,3 +261,26 @@ def test_a_refused_read_is_one_line_with_the_apis_reason(
     assert err.splitlines() == [
         'tpujob: NotFound: tputrainingjobs.tpujob.dev "tputrainingjobs" not found'
     ]
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"tpujob {version('tpujob')}\n"
+
+
+def test_version_from_a_source_tree_is_the_packages_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    import tpujob
+    from tpujob import cli
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(tpujob, "__version__", "9.9.9")
+    assert cli.version() == "9.9.9"
