@@ -185,6 +185,20 @@ def goodput_parts(parts: GoodputBreakdown) -> list[tuple[str, float]]:
     ]
 
 
+def false_conditions(job: TPUTrainingJob) -> list[str]:
+    """Every condition whose status is False, with its reason and message: why a job is not
+    running (waiting for a pool, its pods refused, its spec invalid) is said there."""
+    unmet = [c for c in job.status.conditions if c.status == ConditionStatus.FALSE]
+    if not unmet:
+        return []
+    width = max(len(c.type) for c in unmet)
+    return ["[bold]conditions False[/bold]"] + [
+        f"  {escape(c.type):<{width}}  {escape(c.reason or '-')}"
+        + (f": {escape(c.message)}" if c.message else "")
+        for c in unmet
+    ]
+
+
 def describe_lines(
     job: TPUTrainingJob, now: datetime, catalogue: Catalogue | None = None
 ) -> list[str]:
@@ -235,6 +249,7 @@ def describe_lines(
             "  placement  "
             + ", ".join(f"slice {p.slice} on {p.node_pool}" for p in st.current_attempt.placement)
         )
+    lines += false_conditions(job)
     lf = st.last_failure
     if lf is not None:
         tag = escape(f"[{str(lf.failure_class or '').upper()}]")
