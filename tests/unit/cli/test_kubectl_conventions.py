@@ -5,11 +5,13 @@ answer. Driven whole against a stand-in apiserver on loopback."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from tests.unit.builders import job_body, running_status
 from tests.unit.cli.apiserver import (
@@ -22,6 +24,7 @@ from tests.unit.cli.apiserver import (
 )
 
 from tpujob.cli import main
+from tpujob.kubeconfig import why_unreachable
 
 COMMANDS = {"get": ["get"], "describe": ["describe", "train"], "doctor": ["doctor"]}
 
@@ -284,3 +287,55 @@ def test_version_from_a_source_tree_is_the_packages_own(monkeypatch: pytest.Monk
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     monkeypatch.setattr(tpujob, "__version__", "9.9.9")
     assert cli.version() == "9.9.9"
+
+
+def caused(err: BaseException, cause: BaseException) -> BaseException:
+    err.__cause__ = cause
+    return err
+
+
+@pytest.mark.parametrize(
+    ("err", "said"),
+    [
+        (
+            urllib3.exceptions.MaxRetryError(
+                None,  # type: ignore[arg-type]
+                "/apis",
+                caused(
+                    urllib3.exceptions.NewConnectionError(None, "Failed to establish"),  # type: ignore[arg-type]
+                    ConnectionRefusedError(111, "Connection refused"),
+                ),
+            ),
+            "connection refused",
+        ),
+        (
+            urllib3.exceptions.MaxRetryError(
+                None,  # type: ignore[arg-type]
+                "/apis",
+                urllib3.exceptions.ConnectTimeoutError("connect timeout=5.0"),
+            ),
+            "timed out",
+        ),
+        (
+            caused(OSError("lookup"), socket.gaierror(-2, "Name or service not known")),
+            "name or service not known",
+        ),
+        (ValueError("odd\n  thing"), "odd thing"),
+    ],
+    ids=["refused", "timed-out", "dns", "other"],
+)
+def test_an_unreachable_cluster_is_said_by_its_root_cause(err: BaseException, said: str) -> None:
+    assert why_unreachable(err) == said
+
+
+def test_in_a_pod_the_namespace_is_the_pods_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpujob.kube import client
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setattr(client, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    assert client.context_namespace() == "default"
+    (tmp_path / "namespace").write_text("team-a\n")
+    assert client.context_namespace() == "team-a"
