@@ -53,7 +53,7 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, namespaced: bool) ->
 def why_unreachable(err: BaseException) -> str:
     """The root of a failed connection in words ('connection refused'), not a pool's repr."""
     root: BaseException = err
-    while True:
+    for _ in range(8):  # a chain is a few links long; a cycle must not hang the command
         # urllib3 keeps the last error of its retries as `reason`, the socket's as the cause.
         reason = getattr(root, "reason", None)
         deeper = reason if isinstance(reason, BaseException) else root.__cause__
@@ -103,7 +103,9 @@ def connect(kubeconfig: str | None, context: str | None) -> Cluster:
         )
     except yaml.MarkedYAMLError as err:
         line = f" at line {err.problem_mark.line + 1}" if err.problem_mark else ""
-        raise ClusterError(f"kubeconfig {where}: invalid YAML{line}: {err.problem}") from err
+        raise ClusterError(
+            f"kubeconfig {where}: invalid YAML{line}: {err.problem or one_line(err)}"
+        ) from err
     except (ConfigException, yaml.YAMLError, OSError) as err:
         raise ClusterError(f"kubeconfig {where}: {one_line(err)}") from err
     except (TypeError, AttributeError, KeyError, ValueError) as err:
