@@ -3,14 +3,18 @@
 A subcommand module exposes `register(subparsers)`, which adds its parser and sets
 `handler` (a callable taking the parsed namespace and returning an exit status). Modules are
 imported only when their subcommand is registered, so `tpujob diagnose` never imports kopf.
+A `CommandError` from any of them is printed here as one line on stderr, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
+
+from tpujob.cli_output import CommandError
 
 # Subcommand name -> module that registers it.
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -25,11 +29,22 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+def version() -> str:
+    """The installed distribution's version; run from a source tree, the package's own."""
+    try:
+        return importlib.metadata.version("tpujob")
+    except importlib.metadata.PackageNotFoundError:
+        import tpujob
+
+        return tpujob.__version__
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, just the module owning that subcommand is imported."""
     parser = argparse.ArgumentParser(
         prog="tpujob", description="Run TPU training jobs on Kubernetes and keep them training."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     seen: set[str] = set()
     for name, module_name in SUBCOMMANDS:
@@ -48,7 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(only)
     args = parser.parse_args(args_list)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except CommandError as err:
+        print(f"tpujob: {err}", file=sys.stderr)
+        return err.status
 
 
 if __name__ == "__main__":

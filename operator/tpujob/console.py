@@ -1,22 +1,24 @@
-"""`tpujob get` and `tpujob describe JOB`: the job's state for people (rich) and scripts (--json).
+"""`tpujob get [JOB]` and `tpujob describe JOB`: the job's state for people (tables, rich) and
+scripts (`-o json|yaml`), with kubectl's options and defaults.
 
-Reads the job's status only; everything shown was written there by the operator.
+Reads the job's status only; everything shown was written there by the operator. Without `-n`
+both read the kubeconfig context's namespace, as kubectl does; `get -A` reads every namespace.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes import client
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from tpujob.api import (
     GROUP,
+    KIND,
     PLURAL,
     VERSION,
     ConditionStatus,
@@ -25,20 +27,33 @@ from tpujob.api import (
     TPUTrainingJob,
     parse_job,
 )
+from tpujob.cli_output import (
+    JSON,
+    WIDE,
+    YAML,
+    CommandError,
+    add_output_option,
+    print_data,
+    print_table,
+)
 from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
+from tpujob.kube.errors import KubeError, NotFoundError, call
+from tpujob.kubeconfig import Cluster, add_cluster_options, connect
 
 
 def register(subparsers: Any) -> None:
     get = subparsers.add_parser("get", help="list TPUTrainingJobs with phase, step, restarts")
-    get.add_argument("-n", "--namespace", default=None, help="default: every namespace")
-    get.add_argument("--kubeconfig", default=None)
-    get.add_argument("--json", action="store_true")
+    get.add_argument("job", nargs="?", help="just this job")
+    add_cluster_options(get, namespaced=True)
+    get.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="the jobs of every namespace"
+    )
+    add_output_option(get, (JSON, YAML, WIDE))
     get.set_defaults(handler=_get)
     describe = subparsers.add_parser("describe", help="one job: progress, failures, timeline")
     describe.add_argument("job")
-    describe.add_argument("-n", "--namespace", default="default")
-    describe.add_argument("--kubeconfig", default=None)
-    describe.add_argument("--json", action="store_true")
+    add_cluster_options(describe, namespaced=True)
+    add_output_option(describe, (JSON, YAML))
     describe.add_argument(
         "--project",
         default=None,
@@ -48,12 +63,21 @@ def register(subparsers: Any) -> None:
     describe.set_defaults(handler=_describe)
 
 
-def _custom(kubeconfig: str | None) -> Any:
-    from kubernetes import client
+def _custom(cluster: Cluster) -> Any:
+    return client.CustomObjectsApi(cluster.api)
 
-    from tpujob.kube.client import api_client
 
-    return client.CustomObjectsApi(api_client(kubeconfig))
+def read_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    """The job's object as the API returns it; a missing job is said as kubectl says it."""
+    try:
+        body: dict[str, Any] = call(
+            _custom(cluster).get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
+    except NotFoundError as err:
+        raise CommandError(f'{KIND} "{name}" not found in namespace "{namespace}"') from err
+    except KubeError as err:
+        raise cluster.explain(err) from err
+    return body
 
 
 def _age(since: datetime | None, now: datetime) -> str:
@@ -78,36 +102,55 @@ def job_row(job: TPUTrainingJob) -> dict[str, Any]:
         "goodput": st.goodput,
         "attempt": st.attempt,
         "failedNodes": [n.name for n in st.failed_nodes],
+        "nodePools": list(dict.fromkeys(p.node_pool for p in st.current_attempt.placement)),
+        "lastFailure": st.last_failure.code if st.last_failure else None,
     }
 
 
+def get_columns(*, namespaces: bool, wide: bool) -> list[str]:
+    """kubectl's layout: NAMESPACE only across namespaces, more columns with `-o wide`."""
+    columns = ["NAME", "PHASE", "STEP", "RESTARTS (s/m/h)", "GOODPUT"]
+    if wide:
+        columns += ["ATTEMPT", "NODE POOLS", "LAST FAILURE"]
+    return ["NAMESPACE", *columns] if namespaces else columns
+
+
+def get_cells(job: TPUTrainingJob, *, namespaces: bool, wide: bool) -> list[str]:
+    """One job's line of the `get` table, in the order of `get_columns`."""
+    row = job_row(job)
+    r = row["restarts"]
+    step = f"{row['step']}/{row['totalSteps'] or '?'}" if row["step"] is not None else "-"
+    goodput = f"{row['goodput']:.0%}" if row["goodput"] is not None else "-"
+    cells = [row["name"], row["phase"], step, f"{r['soft']}/{r['medium']}/{r['hard']}", goodput]
+    if wide:
+        cells += [str(row["attempt"]), ",".join(row["nodePools"]) or "-", row["lastFailure"] or "-"]
+    return [row["namespace"], *cells] if namespaces else cells
+
+
 def _get(args: argparse.Namespace) -> int:
-    api = _custom(args.kubeconfig)
-    if args.namespace:
-        items = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL)["items"]
+    if args.job and args.all_namespaces:
+        raise CommandError("a job cannot be got by name across all namespaces")
+    cluster = connect(args.kubeconfig, args.context)
+    namespace = args.namespace or cluster.namespace
+    api = _custom(cluster)
+    if args.job:
+        body = read_job(cluster, namespace, args.job)
+        items = [body]
+    elif args.all_namespaces:
+        body = cluster.call(api.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        items = body["items"]
     else:
-        items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-    jobs = [parse_job(i) for i in items]
-    if args.json:
-        print(json.dumps([job_row(j) for j in jobs], indent=2))
+        body = cluster.call(api.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL)
+        items = body["items"]
+    if args.output in (JSON, YAML):
+        print_data(body, args.output)
         return 0
-    table = Table(box=None)
-    for column in ("NAMESPACE", "NAME", "PHASE", "STEP", "RESTARTS (s/m/h)", "GOODPUT"):
-        table.add_column(column)
-    for job in jobs:
-        row = job_row(job)
-        r = row["restarts"]
-        step = f"{row['step']}/{row['totalSteps'] or '?'}" if row["step"] is not None else "-"
-        goodput = f"{row['goodput']:.0%}" if row["goodput"] is not None else "-"
-        table.add_row(
-            row["namespace"],
-            row["name"],
-            row["phase"],
-            step,
-            f"{r['soft']}/{r['medium']}/{r['hard']}",
-            goodput,
-        )
-    Console().print(table)
+    if not items:
+        where = "" if args.all_namespaces else f" in {namespace} namespace"
+        print(f"No {KIND}s found{where}.", file=sys.stderr)
+        return 0
+    shown = {"namespaces": bool(args.all_namespaces), "wide": args.output == WIDE}
+    print_table(get_columns(**shown), [get_cells(parse_job(i), **shown) for i in items])
     return 0
 
 
@@ -139,6 +182,20 @@ def goodput_parts(parts: GoodputBreakdown) -> list[tuple[str, float]]:
         ("data wait", parts.data_wait),
         ("downtime", parts.downtime),
         ("other", parts.other),
+    ]
+
+
+def false_conditions(job: TPUTrainingJob) -> list[str]:
+    """Every condition whose status is False, with its reason and message: why a job is not
+    running (waiting for a pool, its pods refused, its spec invalid) is said there."""
+    unmet = [c for c in job.status.conditions if c.status == ConditionStatus.FALSE]
+    if not unmet:
+        return []
+    width = max(len(c.type) for c in unmet)
+    return ["[bold]conditions False[/bold]"] + [
+        f"  {escape(c.type):<{width}}  {escape(c.reason or '-')}"
+        + (f": {escape(c.message)}" if c.message else "")
+        for c in unmet
     ]
 
 
@@ -192,6 +249,7 @@ def describe_lines(
             "  placement  "
             + ", ".join(f"slice {p.slice} on {p.node_pool}" for p in st.current_attempt.placement)
         )
+    lines += false_conditions(job)
     lf = st.last_failure
     if lf is not None:
         tag = escape(f"[{str(lf.failure_class or '').upper()}]")
@@ -215,18 +273,11 @@ def describe_lines(
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        body = _custom(args.kubeconfig).get_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, args.job
-        )
-    except ApiException as err:
-        print(f"tpujob describe: {args.namespace}/{args.job}: {err.reason}", file=sys.stderr)
-        return 1
+    cluster = connect(args.kubeconfig, args.context)
+    body = read_job(cluster, args.namespace or cluster.namespace, args.job)
     job = parse_job(body)
-    if args.json:
-        print(json.dumps({**job_row(job), "status": body.get("status", {})}, indent=2))
+    if args.output in (JSON, YAML):
+        print_data({**job_row(job), "status": body.get("status", {})}, args.output)
         return 0
     catalogue = None
     if args.project:

@@ -5,6 +5,11 @@
     tpujob diagnose --eval FILE.jsonl [--min-confidence low|medium|high] [--cv [--folds K]
                     [--unknown-policies]]
 
+One failure is graded as the operator grades it: a text-model guess too weak to act on is
+restarted once, not failed (`tpujob.diagnosis.unknown.weigh_model_guess`), and the output says
+so. At least one fact of the failure is needed (a log, an exit code, a reason or a message);
+errors and usage go to stderr, with exit status 2.
+
 The eval ends with one machine-readable line,
 `accuracy=A n=N fatal_retried=F retryable_failed=R`, and exits 0: the bar is enforced by
 the unit tests, not by this command. `--cv` scores by grouped cross-validation (folds are
@@ -41,7 +46,7 @@ from tpujob.diagnosis.facts import WorkerFacts
 from tpujob.diagnosis.model import Confidence, Diagnosis, FailureClass
 from tpujob.diagnosis.site import SiteRule, SiteRulesError, parse_site_rules
 from tpujob.diagnosis.texts import MAX_LOG_CHARS
-from tpujob.diagnosis.unknown import CANDIDATES, CHOSEN, total_cost
+from tpujob.diagnosis.unknown import CANDIDATES, CHOSEN, total_cost, weigh_model_guess
 
 
 def register(subparsers: Any) -> None:
@@ -95,16 +100,31 @@ def read_tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
         return handle.read(limit).decode("utf-8", errors="replace")
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
+USAGE = (
+    "usage: tpujob diagnose --log FILE|- | --exit-code N | --reason R | --message TEXT"
+    " [--context TEXT] [--json|--explain], or tpujob diagnose --eval FILE.jsonl"
+)
+
+
+def run(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    stdin: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
     stream = out if out is not None else sys.stdout
     console = Console(file=stream, highlight=False, soft_wrap=True, emoji=False)
+
+    def refuse(message: str) -> int:
+        print(f"tpujob diagnose: {message}", file=err if err is not None else sys.stderr)
+        return 2
+
     if args.eval:
         try:
             with Path(args.eval).open(encoding="utf-8") as corpus:
                 entries = parse_corpus(corpus)
         except (OSError, CorpusError) as error:
-            console.print(f"tpujob diagnose: {error}", markup=False)
-            return 2
+            return refuse(str(error))
         floor = Confidence(args.min_confidence)
         if args.cv:
             from tpujob.diagnosis.training import fit
@@ -117,6 +137,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
             report = evaluate(entries, min_confidence=floor)
         print_report(console, report)
         return 0
+    if args.log is None and args.exit_code is None and args.reason is None and not args.message:
+        # With no fact of the failure the engine still answers (unknown, medium): a verdict
+        # on nothing would read as one on the failure the person meant to give.
+        return refuse(f"nothing to diagnose; {USAGE}")
     log = ""
     if args.log == "-":
         log = (stdin if stdin is not None else sys.stdin).read()[-MAX_LOG_BYTES:]
@@ -124,8 +148,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
         try:
             log = read_tail(Path(args.log))
         except OSError as error:
-            console.print(f"tpujob diagnose: {error}", markup=False)
-            return 2
+            return refuse(str(error))
     facts = WorkerFacts(
         exit_code=args.exit_code,
         reason=args.reason,
@@ -136,13 +159,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | Non
     try:
         site_rules = read_site_rules(Path(args.site_rules)) if args.site_rules else ()
     except (OSError, yaml.YAMLError, SiteRulesError) as error:
-        console.print(f"tpujob diagnose: {error}", markup=False)
-        return 2
+        return refuse(str(error))
+    # The engine's verdict as the operator acts on it, so "fail the job now" is said only
+    # where the operator would fail the job.
+    guessed = diagnose_worker(facts, site_rules=site_rules)
+    diagnosis = weigh_model_guess(guessed)
     if args.explain:
         for line in explain_worker(facts, site_rules=site_rules).lines():
             console.print(line, markup=False)
+        if diagnosis.failure_class is not guessed.failure_class:
+            console.print(f"operator: {diagnosis.headline}", markup=False)
+            console.print(f"action: {diagnosis.action}", markup=False)
         return 0
-    diagnosis = diagnose_worker(facts, site_rules=site_rules)
     if args.json:
         stream.write(json.dumps(diagnosis.as_dict(), indent=2) + "\n")
     else:

@@ -42,7 +42,10 @@ fatal grade needs `FATAL_FLOOR`, since failing a run is the one unbounded cost; 
 named default answers (medium, UNKNOWN: restart once from the last checkpoint after a
 backoff; the memory decides a repeat, and `DEFAULT_UNKNOWN_RETRY_LIMIT` unknowns in a row give
 up). The model's probability is the confidence: low below `MODEL_CONFIDENT`, medium above,
-never high (a guess from words, not a fact).
+never high (a guess from words, not a fact). A low-confidence guess of fatal or hard is still
+not acted on as graded: the operator restarts once, as for an unknown failure, and lets a
+repeat decide (`weigh_model_guess`, applied by the planner's regrading and by `tpujob
+diagnose`, so that both say the same).
 """
 
 from __future__ import annotations
@@ -50,7 +53,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tpujob.diagnosis.model import DEFAULT_ACTIONS, Confidence, FailureClass, FailureCode
+from tpujob.diagnosis.escalation import escalate
+from tpujob.diagnosis.model import (
+    DEFAULT_ACTIONS,
+    Confidence,
+    Diagnosis,
+    Evidence,
+    FailureClass,
+    FailureCode,
+    Source,
+)
 from tpujob.diagnosis.rules import Verdict
 from tpujob.diagnosis.textmodel import Prediction
 
@@ -130,4 +142,21 @@ def model_verdict(prediction: Prediction) -> Verdict:
             f" (probability {prediction.probability:.2f})"
         ),
         action=DEFAULT_ACTIONS[cls],
+    )
+
+
+def weigh_model_guess(d: Diagnosis) -> Diagnosis:
+    """A low-confidence model verdict of fatal or hard becomes the unknown default (medium)."""
+    if (
+        d.probability is None
+        or d.confidence is not Confidence.LOW
+        or d.failure_class not in (FailureClass.FATAL, FailureClass.HARD)
+    ):
+        return d
+    return escalate(
+        d,
+        to=FailureClass.MEDIUM,
+        note="; too weak a guess to act on: restarted once, a repeat decides",
+        action=DEFAULT_ACTIONS[FailureClass.MEDIUM],
+        evidence=Evidence(Source.MODEL, f"model probability {d.probability:.2f}"),
     )

@@ -1,7 +1,9 @@
 """`tpujob doctor`: read the cluster, print the findings, exit 1 on a problem.
 
 The shell around `tpujob.doctor.checks`: every read is its own try, so one refused list (RBAC)
-becomes one finding and the other checks still run.
+becomes one finding and the other checks still run. A cluster that cannot be reached at all
+(or a kubeconfig that names none) has nothing to check: that is one line and exit 1
+(`tpujob.kubeconfig.ClusterError`), as for `get` and `describe`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes import client
 from rich.console import Console
 from rich.markup import escape
 
@@ -27,6 +30,8 @@ from tpujob.doctor.checks import (
     exit_status,
 )
 from tpujob.gcp.catalogue import Catalogue
+from tpujob.kube.errors import KubeError, NotFoundError, UnavailableError, call
+from tpujob.kubeconfig import Cluster, add_cluster_options, connect
 
 STYLE = {Level.OK: "green", Level.INFO: "cyan", Level.WARNING: "yellow", Level.PROBLEM: "red"}
 
@@ -35,7 +40,7 @@ def register(subparsers: Any) -> None:
     doctor = subparsers.add_parser(
         "doctor", help="check that the cluster can run TPU training jobs; say what to fix"
     )
-    doctor.add_argument("--kubeconfig", default=None)
+    add_cluster_options(doctor, namespaced=False)
     doctor.add_argument("--json", action="store_true", help="findings as a JSON list")
     doctor.add_argument(
         "--project",
@@ -49,60 +54,69 @@ def register(subparsers: Any) -> None:
 
 
 def _read(
-    unreadable: dict[Check, str], check: Check, read: Callable[[], Any], missing: Any = None
+    cluster: Cluster,
+    unreadable: dict[Check, str],
+    check: Check,
+    read: Callable[[], Any],
+    missing: Any = None,
 ) -> Any:
-    from kubernetes.client.exceptions import ApiException
-
     try:
         return read()
-    except ApiException as err:
-        if err.status == 404:
-            return missing
+    except NotFoundError:
+        return missing
+    except KubeError as err:
+        if isinstance(err, UnavailableError) and err.unreachable:
+            raise cluster.explain(err) from err
         unreadable[check] = f"HTTP {err.status} {err.reason}"
-    except Exception as err:  # an unreachable apiserver is a finding, not a traceback
+    except Exception as err:  # one object the client cannot parse spoils one check, not all
         unreadable[check] = f"{type(err).__name__}: {str(err)[:200]}"
     return missing
 
 
-def snapshot(kubeconfig: str | None, catalogue: Catalogue | None) -> Snapshot:
-    from kubernetes import client
-
-    from tpujob.kube.client import api_client
-
-    api = api_client(kubeconfig)
+def snapshot(cluster: Cluster, catalogue: Catalogue | None) -> Snapshot:
+    api = cluster.api
     core = client.CoreV1Api(api)
     ext = client.ApiextensionsV1Api(api)
     custom = client.CustomObjectsApi(api)
     raw = api.sanitize_for_serialization
     bad: dict[Check, str] = {}
-    crd = _read(bad, Check.CRD, lambda: raw(ext.read_custom_resource_definition(CRD_NAME)))
+    crd = _read(
+        cluster, bad, Check.CRD, lambda: raw(call(ext.read_custom_resource_definition, CRD_NAME))
+    )
     operator = _read(
+        cluster,
         bad,
         Check.OPERATOR,
         lambda: raw(
-            core.list_pod_for_all_namespaces(
-                label_selector=f"app.kubernetes.io/name={OPERATOR_APP}"
+            call(
+                core.list_pod_for_all_namespaces,
+                label_selector=f"app.kubernetes.io/name={OPERATOR_APP}",
             ).items
         ),
         [],
     )
-    nodes = _read(bad, Check.NODE_POOLS, lambda: raw(core.list_node().items), [])
+    nodes = _read(cluster, bad, Check.NODE_POOLS, lambda: raw(call(core.list_node).items), [])
     pods = _read(
+        cluster,
         bad,
         Check.NODE_POOLS,
         lambda: raw(
-            core.list_pod_for_all_namespaces(
-                field_selector="status.phase!=Succeeded,status.phase!=Failed"
+            call(
+                core.list_pod_for_all_namespaces,
+                field_selector="status.phase!=Succeeded,status.phase!=Failed",
             ).items
         ),
         [],
     )
-    namespaces = _read(bad, Check.POD_SECURITY, lambda: raw(core.list_namespace().items), [])
+    namespaces = _read(
+        cluster, bad, Check.POD_SECURITY, lambda: raw(call(core.list_namespace).items), []
+    )
     jobs = (
         _read(
+            cluster,
             bad,
             Check.POD_SECURITY,
-            lambda: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"],
+            lambda: call(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"],
             [],
         )
         if crd
@@ -152,7 +166,8 @@ def render(findings: tuple[Finding, ...], console: Console) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    findings = examine(snapshot(args.kubeconfig, _catalogue(args.project, args.zones)))
+    cluster = connect(args.kubeconfig, args.context)
+    findings = examine(snapshot(cluster, _catalogue(args.project, args.zones)))
     if args.json:
         print(json.dumps([f.as_json() for f in findings], indent=2))
     else:

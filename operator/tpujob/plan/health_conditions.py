@@ -12,6 +12,7 @@ from tpujob import diagnosis as dx
 from tpujob.api import ConditionStatus, ConditionType
 from tpujob.api.attempt import MemorySampleStatus
 from tpujob.api.reasons import ConditionReason, EventType
+from tpujob.diagnosis.escalation import escalate
 from tpujob.observed.training import (
     HealthCheck,
     HealthReason,
@@ -23,7 +24,6 @@ from tpujob.observed.training import (
     quantity_bytes,
 )
 from tpujob.observed.views import Observed, PodView
-from tpujob.plan.escalation import escalate
 from tpujob.plan.result import Draft
 
 CONDITION_OF = {

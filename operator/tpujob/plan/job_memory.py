@@ -4,7 +4,9 @@ Two rules, both pure:
 * A guess never stops a job or blames a node. When no rule named the failure and only the
   text model graded it, with low confidence, fatal or hard, the operator restarts once as it
   would an unknown failure (medium) and lets a repeat decide: retrying a deterministic failure
-  once costs one start-up, failing a transient one kills a healthy run.
+  once costs one start-up, failing a transient one kills a healthy run. The rule is the
+  diagnosis's (`tpujob.diagnosis.unknown.weigh_model_guess`), so that `tpujob diagnose` says
+  what the operator does.
 * Where a failure recurs decides its grade (`tpujob.diagnosis.memory.judge`): the same
   signature again on the same node after a restart is the node (hard, that node blamed); on
   other nodes or slices it is the program (fatal, with the evidence); a soft failure that
@@ -24,10 +26,9 @@ from typing import TypeVar
 from tpujob import diagnosis as dx
 from tpujob.api.attempt import FailureRecord
 from tpujob.diagnosis.cascade import OWN_BUDGET_CODES
+from tpujob.diagnosis.escalation import escalate
 from tpujob.diagnosis.history import PastFailure
 from tpujob.diagnosis.memory import Escalation, failure_signature, judge
-from tpujob.diagnosis.model import DEFAULT_ACTIONS
-from tpujob.plan.escalation import escalate
 
 _Enum = TypeVar("_Enum", bound=enum.StrEnum)
 
@@ -50,23 +51,6 @@ class Recalled:
     diagnosis: dx.Diagnosis
     blamed_node: str | None
     record: FailureRecord
-
-
-def weigh_model_guess(d: dx.Diagnosis) -> dx.Diagnosis:
-    """A low-confidence model verdict of fatal or hard becomes the unknown default (medium)."""
-    if (
-        d.probability is None
-        or d.confidence is not dx.Confidence.LOW
-        or d.failure_class not in (dx.FailureClass.FATAL, dx.FailureClass.HARD)
-    ):
-        return d
-    return escalate(
-        d,
-        to=dx.FailureClass.MEDIUM,
-        note="; too weak a guess to act on: restarted once, a repeat decides",
-        action=DEFAULT_ACTIONS[dx.FailureClass.MEDIUM],
-        evidence=dx.Evidence(dx.Source.MODEL, f"model probability {d.probability:.2f}"),
-    )
 
 
 def past_failure(record: FailureRecord) -> PastFailure:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tpujob import diagnosis as dx
+from tpujob.diagnosis.escalation import escalate
 from tpujob.diagnosis.memory import EXTERNAL_CODES, Blame, NodeLedger, record_blame
-from tpujob.plan.escalation import escalate
 
 LEDGER_ADVICE = "the node was tainted; the slice runs elsewhere"
 # The soft failures whose mechanism lives on the host, so that two tenants meeting one on the

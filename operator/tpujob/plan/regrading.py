@@ -5,7 +5,7 @@ order, may regrade it from what the operator has seen around it:
 
 1. leak: a host OOM kill that `HostMemoryGrowing` predicted is a leak (`health_conditions`);
 2. model guess: a weak guess of the text model never stops a job or blames a node
-   (`job_memory.weigh_model_guess`);
+   (`tpujob.diagnosis.unknown.weigh_model_guess`);
 3. repeat guard: when a row above changed the class, the job's earlier failures get their say
    on the new one, as the diagnosis gave them on the first;
 4. history: where the failure recurs in this job decides its grade, and may blame a node
@@ -14,7 +14,7 @@ order, may regrade it from what the operator has seen around it:
    (`node_ledger.weigh_ledger`), and this failure's soft blame is added.
 
 Each row reads a `Regrading` and returns the next one; every change is written into the
-diagnosis itself (`escalation.escalate`), so the status says why.
+diagnosis itself (`tpujob.diagnosis.escalation.escalate`), so the status says why.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from enum import StrEnum
 from tpujob import diagnosis as dx
 from tpujob.api.attempt import FailureRecord
 from tpujob.diagnosis.memory import Blame
+from tpujob.diagnosis.unknown import weigh_model_guess
 from tpujob.observed.views import Observed
 from tpujob.plan.health_conditions import grade_leak
-from tpujob.plan.job_memory import recall, weigh_model_guess
+from tpujob.plan.job_memory import recall
 from tpujob.plan.node_ledger import weigh_ledger
 
 

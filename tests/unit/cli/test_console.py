@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from tests.unit.builders import at, job_body, lease, observed, pod, running_status
 
 from tpujob.api import parse_job
-from tpujob.console import describe_lines, job_row
+from tpujob.console import describe_lines, false_conditions, job_row
 from tpujob.plan.planner import plan
 
 
@@ -57,3 +58,44 @@ def test_the_loss_the_trainer_reports_reaches_the_status_and_describe() -> None:
     assert result.status.progress is not None and result.status.progress.loss == 0.8125
     body = job_body(status=result.status.model_dump(mode="json", by_alias=True, exclude_none=True))
     assert "loss 0.8125" in "\n".join(describe_lines(parse_job(body), at(30)))
+
+
+def test_describe_shows_why_a_job_waits_for_a_node_pool() -> None:
+    from tests.unit.builders import T0, cluster
+
+    waiting = plan(
+        observed(job_body(), nodes=cluster(1, **{"pool-0-w1": {"ready": "Unknown"}})), now=T0
+    )
+    body = job_body(status=waiting.status.model_dump(mode="json", by_alias=True, exclude_none=True))
+    lines = describe_lines(parse_job(body), at(30))
+    assert "[bold]conditions False[/bold]" in lines
+    said = [line.split(maxsplit=1) for line in lines if line.startswith("  Running ")]
+    assert said == [
+        ["Running", "WaitingForPool: 1 of 1 slices have no free tpu-v4-podslice 2x2x2 pool"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("conditions", "shown"),
+    [
+        ([], []),
+        ([("SpecValid", "True", "Valid", None)], []),
+        ([("PodsRefused", "Unknown", None, None)], []),
+        (
+            [("Running", "False", "Recovering", "restarting"), ("Suspended", "False", None, None)],
+            ["  Running    Recovering: restarting", "  Suspended  -"],
+        ),
+    ],
+    ids=["none", "true", "unknown", "false-with-and-without-reason"],
+)
+def test_describe_lists_exactly_the_false_conditions(
+    conditions: list[tuple[str, str, str | None, str | None]], shown: list[str]
+) -> None:
+    status = {
+        "conditions": [
+            {"type": t, "status": s} | ({"reason": r} if r else {}) | ({"message": m} if m else {})
+            for t, s, r, m in conditions
+        ]
+    }
+    lines = false_conditions(parse_job(job_body(status=status)))
+    assert lines == (["[bold]conditions False[/bold]", *shown] if shown else [])

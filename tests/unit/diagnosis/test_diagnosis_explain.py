@@ -92,6 +92,6 @@ def test_cli_explain_reads_a_site_rule_file(tmp_path: Path) -> None:
 def test_cli_refuses_a_malformed_site_rule_file(tmp_path: Path) -> None:
     rules = tmp_path / "site.yaml"
     rules.write_text("rules:\n  - {name: x, class: soft}\n")
-    out = io.StringIO()
-    assert run(cli_args(rules, explain=False), out=out, stdin=io.StringIO(XID)) == 2
-    assert "required" in out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    assert run(cli_args(rules, explain=False), out=out, stdin=io.StringIO(XID), err=err) == 2
+    assert (out.getvalue(), "required" in err.getvalue()) == ("", True)

@@ -6,14 +6,13 @@ status the zone answers with; every request is recorded.
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from tests.unit.json_server import serve_json
 
 
 def accelerator_type(zone: str, name: str, generation: str, topology: str) -> dict[str, Any]:
@@ -49,31 +48,12 @@ class FakeTpuApi:
         return 200, body
 
 
-@contextmanager
-def serve(api: FakeTpuApi) -> Iterator[str]:
+def serve(api: FakeTpuApi) -> AbstractContextManager[str]:
     """Run `api` on a free local port; yields its endpoint (http://127.0.0.1:PORT)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            api.requests.append(self.path)
-            status, body = api.answer(url.path, parse_qs(url.query))
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(raw: str) -> tuple[int, dict[str, Any]]:
+        api.requests.append(raw)
+        url = urlparse(raw)
+        return api.answer(url.path, parse_qs(url.query))
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    return serve_json(answer)

@@ -19,7 +19,7 @@ from tests.unit.builders import (
 
 from tpujob import diagnosis as dx
 from tpujob.api import Phase, contract, labels
-from tpujob.plan.job_memory import weigh_model_guess
+from tpujob.diagnosis.unknown import weigh_model_guess
 from tpujob.plan.planner import plan
 from tpujob.plan.result import Plan, PlannerSettings
 

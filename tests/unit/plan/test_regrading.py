@@ -6,7 +6,7 @@ import pytest
 from tests.unit.builders import at, job_body, observed, running_status
 
 from tpujob import diagnosis as dx
-from tpujob.plan.escalation import escalate
+from tpujob.diagnosis.escalation import escalate
 from tpujob.plan.regrading import REGRADING, Around, Row, regrade
 
 WEAK_FATAL_GUESS = dx.Diagnosis(

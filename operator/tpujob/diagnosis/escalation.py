@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpujob import diagnosis as dx
+from tpujob.diagnosis.model import Diagnosis, Evidence, FailureClass
 
 
 def escalate(
-    d: dx.Diagnosis,
+    d: Diagnosis,
     *,
     note: str,
-    evidence: dx.Evidence,
-    to: dx.FailureClass | None = None,
+    evidence: Evidence,
+    to: FailureClass | None = None,
     advice: str | None = None,
     action: str | None = None,
     signature: str | None = None,
-) -> dx.Diagnosis:
+) -> Diagnosis:
     """`d` regraded: `to` its new class (None keeps it), `note` appended to its summary as it
     is written, `evidence` added; `advice`, `action` and `signature` replace the old ones when
     given."""
