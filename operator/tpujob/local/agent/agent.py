@@ -58,6 +58,28 @@ class NodeFaults:
         return self.down or self.kubelet_stopped
 
 
+# (connect, read) seconds for every call the agent makes. Without a read timeout a request
+# that a restarting apiserver accepted and never answered blocks its thread for good: a pod
+# list stuck so leaves every later pod unstarted.
+REQUEST_TIMEOUT = (5.0, 60.0)
+WATCH_SECONDS = 120
+
+
+class _TimedApiClient(client.ApiClient):  # type: ignore[misc]
+    """An API client whose calls time out unless the caller names a timeout of its own."""
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = REQUEST_TIMEOUT
+        return super().call_api(*args, **kwargs)
+
+
+def timed_client(kubeconfig: str) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return _TimedApiClient(configuration=configuration)
+
+
 def fault_path(state_dir: Path, node: str) -> Path:
     return state_dir / "faults" / "nodes" / f"{node}.json"
 
@@ -87,7 +109,7 @@ class Agent:
             )
         }
         self.kubeconfig = str(state_dir / "kubeconfig")
-        self.api_client = config.new_client_from_config(config_file=self.kubeconfig)
+        self.api_client = timed_client(self.kubeconfig)
         self.core = client.CoreV1Api(self.api_client)
         self.stop = threading.Event()
         self.wake = threading.Event()
@@ -238,7 +260,7 @@ class Agent:
         return pod.get("spec", {}).get("nodeName") in self.nodes
 
     def _watch_pods(self) -> None:
-        api = client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig))
+        api = client.CoreV1Api(timed_client(self.kubeconfig))
         while not self.stop.is_set():
             try:
                 listing = api.list_pod_for_all_namespaces()
@@ -253,7 +275,10 @@ class Agent:
                 stream = watch.Watch().stream(
                     api.list_pod_for_all_namespaces,
                     resource_version=listing.metadata.resource_version,
-                    timeout_seconds=120,
+                    timeout_seconds=WATCH_SECONDS,
+                    # The server ends the watch; this ends it when a restarting apiserver
+                    # never answers, so the pods are listed again.
+                    _request_timeout=(REQUEST_TIMEOUT[0], WATCH_SECONDS + 30),
                 )
                 for event in stream:
                     if self.stop.is_set():
