@@ -26,6 +26,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("get", "tpujob.console"),
     ("describe", "tpujob.console"),
     ("doctor", "tpujob.doctor.cli"),
+    ("release-jobs", "tpujob.release"),
 )
 
 

@@ -92,12 +92,18 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def render(*sets: str, namespace: str = "tpujob-system") -> list[Manifest]:
-    """`helm template` with `--set` arguments, parsed into manifests."""
+def render(*sets: str, namespace: str = "tpujob-system", hooks: bool = False) -> list[Manifest]:
+    """`helm template` with `--set` arguments, parsed into manifests; without `hooks`, only
+    what an installed release holds (a hook's objects exist only while it runs)."""
     args = ["template", "tpujob", str(CHART), "--namespace", namespace]
     for item in sets:
         args += ["--set", item]
-    return [doc for doc in yaml.safe_load_all(helm(*args).stdout) if doc]
+    docs = [doc for doc in yaml.safe_load_all(helm(*args).stdout) if doc]
+    return [
+        doc
+        for doc in docs
+        if hooks or "helm.sh/hook" not in (doc["metadata"].get("annotations") or {})
+    ]
 
 
 def only(manifests: list[Manifest], kind: str) -> Manifest:
@@ -697,3 +703,80 @@ def test_kind_node_pools_each_hold_one_slice_of_the_kind_job() -> None:
         assert len(workers) == job.tpu.hosts_per_slice
     script = (REPO_ROOT / "hack" / "e2e-kind.sh").read_text()
     assert f"chips_per_host={job.tpu.chips_per_host}\n" in script
+
+
+HOOK = "tpujob-tpujob-operator-release-jobs"
+
+
+def _hook(*sets: str) -> list[Manifest]:
+    return [
+        m
+        for m in render(*sets, namespace="ops", hooks=True)
+        if (m["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sets", "scope"),
+    [
+        pytest.param((), ["--all-namespaces"], id="all-namespaces"),
+        pytest.param(
+            ("watchNamespaces={a,b}",), ["--namespace=a", "--namespace=b"], id="watch-namespaces"
+        ),
+    ],
+)
+def test_uninstall_releases_the_jobs_of_the_watched_namespaces_as_the_operator(
+    sets: tuple[str, ...], scope: list[str]
+) -> None:
+    hook = _hook(*sets)
+    job = named(hook, "Job", HOOK, "ops")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "tpujob-tpujob-operator"
+    (container,) = pod["containers"]
+    assert container["command"] == ["tpujob", "release-jobs"]
+    assert container["args"][:2] == [
+        "--deployment=tpujob-tpujob-operator",
+        "--deployment-namespace=ops",
+    ]
+    assert [a for a in container["args"] if a.startswith("--namespace") or "all" in a] == scope
+    # Its pod is not one of the operator's, or it would wait for itself to stop.
+    deployment = named(
+        render(*sets, namespace="ops"), "Deployment", "tpujob-tpujob-operator", "ops"
+    )
+    selector = deployment["spec"]["selector"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not set(selector["matchLabels"].items()) <= set(labels.items())
+    # The RBAC comes first (a lower weight), and everything goes once it succeeded.
+    weights = {m["kind"]: int(m["metadata"]["annotations"]["helm.sh/hook-weight"]) for m in hook}
+    assert weights["Role"] < weights["Job"] and weights["RoleBinding"] < weights["Job"]
+
+
+def test_the_uninstall_hook_may_only_scale_the_operator_down_and_see_its_pods() -> None:
+    role = named(_hook(), "Role", HOOK, "ops")
+    assert rights(role) == {
+        ("apps", "deployments"): {"get"},
+        ("apps", "deployments/scale"): {"patch"},
+        ("", "pods"): {"list"},
+    }
+    assert all(
+        rule["resourceNames"] == ["tpujob-tpujob-operator"]
+        for rule in role["rules"]
+        if rule["apiGroups"] == ["apps"]
+    )
+    binding = named(_hook(), "RoleBinding", HOOK, "ops")
+    assert binding["roleRef"]["name"] == HOOK
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tpujob-tpujob-operator", "namespace": "ops"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        pytest.param((), ["Job", "Role", "RoleBinding"], id="default"),
+        pytest.param(("rbac.create=false",), ["Job"], id="no-rbac"),
+        pytest.param(("uninstall.releaseJobs=false",), [], id="off"),
+    ],
+)
+def test_the_uninstall_hook_follows_its_values(sets: tuple[str, ...], expected: list[str]) -> None:
+    assert kinds(_hook(*sets)) == expected

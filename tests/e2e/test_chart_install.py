@@ -18,7 +18,7 @@ from kubernetes import client
 from tests.e2e.conftest import CHART, LocalCluster, delete_namespace, wait_for
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, assert_recovered, training_job
 
-from tpujob.api import labels
+from tpujob.api import GROUP, PLURAL, VERSION, labels
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.usefixtures("healthy_nodes")]
 
@@ -75,7 +75,7 @@ def _installed(
         yield system, jobs, checkpoints
     finally:
         delete_namespace(core, jobs)  # while the operator that removes their finalizers runs
-        helm(cluster, "uninstall", "tpujob", "--namespace", system, "--wait")
+        helm(cluster, "uninstall", "tpujob", "--namespace", system, "--wait", "--ignore-not-found")
         core.delete_namespace(system)
 
 
@@ -124,6 +124,30 @@ def test_helm_installed_operator_recovers_a_hard_failure_in_cluster(
     log = core.read_namespaced_pod_log(operator_pod.metadata.name, system)
     assert "Forbidden" not in log
     assert "[HARD] NODE_LOST" in log
+
+
+def test_helm_uninstall_stops_the_operator_and_leaves_jobs_running_but_deletable(
+    cluster: LocalCluster, core: client.CoreV1Api, installed: tuple[str, str, Path]
+) -> None:
+    """Without the pre-delete hook, the job below keeps the operator's finalizer after the
+    uninstall, and its deletion waits for ever."""
+    system, jobs, checkpoints = installed
+    run = Run(cluster, jobs, None, training_job("orphan", checkpoints, steps=UPGRADE_STEPS))
+    run.wait_training(step=5)
+    pods = {p.metadata.uid for p in run.pods(1)}
+    out = helm(cluster, "uninstall", "tpujob", "--namespace", system, "--wait", "--timeout", "240s")
+    assert "uninstalled" in out
+    assert not _operator_pods(core, system)
+    body = run.custom.get_namespaced_custom_object(GROUP, VERSION, jobs, PLURAL, "orphan")
+    assert labels.FINALIZER not in (body["metadata"].get("finalizers") or [])
+    # Training was not stopped by the uninstall.
+    assert pods <= {p.metadata.uid for p in run.pods(1) if p.status.phase == "Running"}
+    run.custom.delete_namespaced_custom_object(GROUP, VERSION, jobs, PLURAL, "orphan")
+    wait_for(
+        lambda: not run.custom.list_namespaced_custom_object(GROUP, VERSION, jobs, PLURAL)["items"],
+        timeout=30,
+        what="the job deleted without an operator",
+    )
 
 
 # Long enough that the job still trains when a rolling upgrade of two replicas has finished.
