@@ -1,10 +1,10 @@
 """A TensorFlow trainer job on the local cluster goes through a soft fault and finishes.
 
-The job runs the reference trainer's `--framework tensorflow` loop (Keras, CPU fallback
-allowed) on two hosts. One worker is killed with SIGKILL while it trains; the operator must
-diagnose a soft failure from what the TensorFlow trainer left behind, restart the attempt, and
-the new attempt must resume from the checkpoint TensorFlow saved (as the heartbeat reported it)
-and train to the end.
+The job (`spec.framework: tensorflow`, nothing in its args) runs the reference trainer's
+TensorFlow loop (Keras, CPU fallback allowed) on two hosts. One worker is killed with SIGKILL
+while it trains; the operator must diagnose a soft failure from what the TensorFlow trainer
+left behind, restart the attempt, and the new attempt must resume from the checkpoint
+TensorFlow saved (as the heartbeat reported it) and train to the end.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ STEPS = 100
 
 def tensorflow_job(name: str, checkpoints: Path, *, steps: int) -> dict[str, Any]:
     body = training_job(name, checkpoints, steps=steps)
+    # The spec alone picks the loop: the operator passes it to the trainer (TPUJOB_FRAMEWORK).
     body["spec"]["framework"] = "tensorflow"
-    body["spec"]["trainer"]["args"] += ["--framework", "tensorflow"]
     return body
 
 

@@ -81,6 +81,7 @@ def test_distributed_settings_come_from_env(
         ([], {"TPUJOB_FAULTS": "explode@3"}),
         ([], {"TPUJOB_CHECKPOINT_INTERVAL_STEPS": "often"}),
         (["--steps", "many"], {}),
+        ([], {"TPUJOB_FRAMEWORK": "pytorch"}),
     ],
     ids=[
         "process-count-without-coordinator",
@@ -89,6 +90,7 @@ def test_distributed_settings_come_from_env(
         "unknown-fault-kind",
         "non-integer-env",
         "bad-flag-value",
+        "unknown-framework-from-the-job",
     ],
 )
 def test_invalid_config_is_a_config_error(argv: list[str], env: dict[str, str]) -> None:
@@ -138,3 +140,19 @@ def test_a_loop_s_bad_fault_spec_is_a_config_error() -> None:
     with pytest.raises(TrainerError) as raised:
         load_loop_config({}, steps=10, faults=["melt@3"])
     assert raised.value.exit_code is ExitCode.CONFIG_ERROR
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        pytest.param([], {}, Framework.JAX, id="run-by-hand"),
+        pytest.param([], {"TPUJOB_FRAMEWORK": "tensorflow"}, Framework.TENSORFLOW, id="job-spec"),
+        pytest.param(
+            ["--framework", "jax"], {"TPUJOB_FRAMEWORK": "tensorflow"}, Framework.JAX, id="flag"
+        ),
+    ],
+)
+def test_the_jobs_framework_picks_the_loop_unless_the_flag_says_otherwise(
+    argv: list[str], env: dict[str, str], expected: Framework
+) -> None:
+    assert load_config(argv, env).framework is expected

@@ -21,6 +21,7 @@ from tpujob_trainer.contract import (
     ENV_COLLECTIVE_TIMEOUT,
     ENV_EXPECT_TPU_CHIPS,
     ENV_FAULTS,
+    ENV_FRAMEWORK,
     ENV_HEALTH_EVERY,
     ENV_HEARTBEAT_LEASE,
     ENV_JOB_UID,
@@ -184,7 +185,10 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="inject a real failure, e.g. crash@80, hang@120:worker=1, exit-code=3@5:attempt=0",
     )
     parser.add_argument(
-        "--framework", choices=[f.value for f in Framework], default=Framework.JAX.value
+        "--framework",
+        choices=[f.value for f in Framework],
+        # The job's spec.framework, as the operator passes it; JAX when run by hand.
+        default=env.get(ENV_FRAMEWORK) or Framework.JAX.value,
     )
     parser.add_argument(
         NO_REJOIN_FLAG,
@@ -211,6 +215,11 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         raise TrainerError(
             ExitCode.CONFIG_ERROR,
             "--steps must be >= 0 and --batch-size, --checkpoint-interval, --keep >= 1",
+        )
+    if args.framework not in {f.value for f in Framework}:  # from the environment
+        raise TrainerError(
+            ExitCode.CONFIG_ERROR,
+            f"{ENV_FRAMEWORK}={args.framework!r}: not one of {[f.value for f in Framework]}",
         )
     distributed = resolve_distributed(env)
     num = distributed.num_processes if distributed else 1

@@ -44,6 +44,9 @@ ENV_JOB_UID = "TPUJOB_JOB_UID"
 ENV_ALLOW_CPU_FALLBACK = "TPUJOB_ALLOW_CPU_FALLBACK"
 ENV_EXPECT_TPU_CHIPS = "TPUJOB_EXPECT_TPU_CHIPS_PER_HOST"
 ENV_COLLECTIVE_TIMEOUT = "TPUJOB_COLLECTIVE_TIMEOUT_SECONDS"
+# spec.framework ("jax" or "tensorflow"): which loop the reference trainer runs unless its own
+# --framework flag says otherwise.
+ENV_FRAMEWORK = "TPUJOB_FRAMEWORK"
 ENV_FAULTS = "TPUJOB_FAULTS"
 ENV_TERMINATION_MESSAGE_PATH = "TPUJOB_TERMINATION_MESSAGE_PATH"
 # A rollback after a non-finite loss: restore the newest committed step at or before

@@ -141,6 +141,7 @@ def trainer_env(
         contract.ENV_ALLOW_CPU_FALLBACK: str(job.spec.trainer.allow_cpu_fallback).lower(),
         contract.ENV_EXPECT_TPU_CHIPS: str(tpu.chips_per_host),
         contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),
+        contract.ENV_FRAMEWORK: job.spec.framework.value,
     }
     if rejoins(job):
         values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"

@@ -57,14 +57,16 @@ def test_a_new_job_without_a_free_pool_is_planned_and_waits() -> None:
     assert running is not None and running.reason == "WaitingForPool"
 
 
-def test_planned_attempt_launches_its_pods_with_the_gke_environment() -> None:
+@pytest.mark.parametrize("framework", ["jax", "tensorflow"])
+def test_planned_attempt_launches_its_pods_with_the_gke_environment(framework: str) -> None:
     job = job_body(
+        framework=framework,
         status={
             "phase": "Starting",
             "attempt": 1,
             "startTime": "2026-01-01T12:00:00Z",
             "currentAttempt": {"placement": [{"slice": 0, "nodePool": "pool-1"}]},
-        }
+        },
     )
     result = plan(observed(job), now=at(1))
     pods = [o for o in result.create if o["kind"] == "Pod"]
@@ -76,6 +78,7 @@ def test_planned_attempt_launches_its_pods_with_the_gke_environment() -> None:
     assert env["TPU_WORKER_HOSTNAMES"].split(",")[0].startswith("train-1-0-0.train.team.svc")
     assert env[contract.ENV_ATTEMPT] == "1"
     assert env[contract.ENV_JOB_UID] == "job-uid"  # fencing tells incarnations of a name apart
+    assert env[contract.ENV_FRAMEWORK] == framework  # the reference trainer picks its loop
     assert pods[0]["spec"]["nodeSelector"][labels.NODEPOOL] == "pool-1"
     assert pods[0]["spec"]["containers"][0]["resources"]["limits"][labels.TPU_RESOURCE] == "4"
     kinds = {o["kind"] for o in result.create}
