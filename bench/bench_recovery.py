@@ -54,24 +54,30 @@ OPERATOR_ARGS = [
 MERGE = "application/merge-patch+json"
 
 
+def cluster_with_crds(state_dir: Path, pools: controlplane.PoolOptions) -> Path:
+    """The local control plane with `pools`, the CRDs applied; its kubeconfig."""
+    controlplane.up(state_dir, pools, out=sys.stderr)
+    kubeconfig = state_dir / "kubeconfig"
+    subprocess.run(
+        [
+            str(binary_dir() / "kubectl"),
+            "--kubeconfig",
+            str(kubeconfig),
+            "apply",
+            "--server-side",
+            "-f",
+            str(ROOT / "crds"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return kubeconfig
+
+
 class Bench:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        controlplane.up(state_dir, POOLS, out=sys.stderr)
-        self.kubeconfig = state_dir / "kubeconfig"
-        subprocess.run(
-            [
-                str(binary_dir() / "kubectl"),
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "apply",
-                "--server-side",
-                "-f",
-                str(ROOT / "crds"),
-            ],
-            check=True,
-            capture_output=True,
-        )
+        self.kubeconfig = cluster_with_crds(state_dir, POOLS)
         log = open(state_dir / "operator.log", "ab")  # noqa: SIM115 - the child owns it
         self.operator = subprocess.Popen(
             [
