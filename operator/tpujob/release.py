@@ -16,6 +16,7 @@ the cluster's people to clear (`kubectl taint nodes NODE tpujob.dev/unhealthy-`)
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -141,21 +142,32 @@ def stop_operator(
         sleep(1.0)
 
 
-def _jobs(custom: Any, namespaces: list[str] | None) -> list[tuple[str, str]]:
-    from tpujob.kube.errors import call
+def _jobs(custom: Any, namespaces: list[str] | None) -> tuple[list[tuple[str, str]], list[str]]:
+    """The jobs to release, and the watched namespaces that could not be read.
+
+    A watched namespace deleted before the uninstall took its jobs and the operator's Role
+    there with it: listing it is refused, and there is nothing left in it to release. It is
+    named, not fatal, so one gone namespace does not stop the uninstall."""
+    from tpujob.kube.errors import ForbiddenError, NotFoundError, call
 
     if namespaces is None:
         listed = [call(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)]
+        skipped: list[str] = []
     else:
-        listed = [
-            call(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL)
-            for ns in namespaces
-        ]
-    return [
+        listed, skipped = [], []
+        for ns in namespaces:
+            try:
+                listed.append(
+                    call(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL)
+                )
+            except (ForbiddenError, NotFoundError):
+                skipped.append(ns)
+    jobs = [
         (item["metadata"]["namespace"], item["metadata"]["name"])
         for body in listed
         for item in body.get("items") or []
     ]
+    return jobs, skipped
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,10 +186,12 @@ def run(args: argparse.Namespace) -> int:
             args.deployment,
             timeout=args.timeout,
         )
-        jobs = _jobs(custom, None if args.all_namespaces else args.namespaces)
+        jobs, skipped = _jobs(custom, None if args.all_namespaces else args.namespaces)
         released = [job for job in jobs if release_job(custom, *job)]
     except KubeError as err:
         raise CommandError(str(err)) from err
+    for namespace in skipped:
+        print(f"namespace {namespace}: jobs cannot be listed (deleted?); skipped", file=sys.stderr)
     print(f"operator stopped; finalizer removed from {len(released)} of {len(jobs)} jobs")
     for namespace, name in released:
         print(f"  {namespace}/{name}")

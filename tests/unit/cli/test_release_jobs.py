@@ -35,8 +35,11 @@ class Jobs:
         }
         self.interfere: list[str] = []
         self.patches = 0
+        self.gone: set[str] = set()  # namespaces deleted, with the operator's Role in them
 
     def list_namespaced_custom_object(self, g: str, v: str, ns: str, p: str, **kw: Any) -> Any:
+        if ns in self.gone:
+            raise ApiException(status=403, reason="Forbidden")
         name = kw.get("field_selector", "").removeprefix("metadata.name=")
         items = [
             copy.deepcopy(job)
@@ -78,6 +81,14 @@ def test_a_finalizer_added_between_read_and_patch_is_kept() -> None:
     assert release.release_job(jobs, "a", "busy") is True
     assert jobs.store[("a", "busy")]["metadata"]["finalizers"] == [OTHER]
     assert jobs.patches == 2  # the first, on the stale read, was refused
+
+
+def test_a_watched_namespace_deleted_before_the_uninstall_is_skipped_not_fatal() -> None:
+    jobs = Jobs(("a", "one", [FINALIZER]), ("b", "two", [FINALIZER]))
+    jobs.gone = {"gone"}
+    found, skipped = release._jobs(jobs, ["a", "gone", "b"])
+    assert found == [("a", "one"), ("b", "two")]
+    assert skipped == ["gone"]
 
 
 def test_a_job_gone_before_it_is_released_is_no_error() -> None:
