@@ -30,8 +30,8 @@ from tpujob.diagnosis.site import (
     SiteRulesError,
     parse_site_rules,
 )
-from tpujob.kube.client import api_client
 from tpujob.kube.errors import KubeError, NotFoundError, call
+from tpujob.kubeconfig import connect
 
 DEFAULT_OPERATOR_NAMESPACE = "tpujob-system"
 
@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if not namespace or not name:
         print("regrade: give the job as NAMESPACE/JOB", file=sys.stderr)
         return 2
-    api = api_client(args.kubeconfig)
-    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    cluster = connect(args.kubeconfig, None)
+    custom, core = client.CustomObjectsApi(cluster.api), client.CoreV1Api(cluster.api)
     try:
         job = call(custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         rule = site_rule(
@@ -125,9 +125,11 @@ def run(args: argparse.Namespace) -> int:
     except NotFoundError as err:
         print(f"regrade: not found: {err.message}", file=sys.stderr)
         return 1
-    except (RegradeError, SiteRulesError, KubeError) as err:
+    except (RegradeError, SiteRulesError) as err:
         print(f"regrade: {err}", file=sys.stderr)
         return 1
+    except KubeError as err:
+        raise cluster.explain(err) from err
     print(
         f"site rule '{rule['name']}': {rule['signature']} is {rule['class']} from now on "
         f"({args.operator_namespace}/{SITE_RULES_CONFIGMAP})"

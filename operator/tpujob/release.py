@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
     where.add_argument(
         "--namespace", action="append", dest="namespaces", help="a namespace it watched"
     )
-    where.add_argument("--all-namespaces", action="store_true")
+    where.add_argument("-A", "--all-namespaces", action="store_true")
     p.add_argument("--timeout", type=float, default=STOP_TIMEOUT_SECONDS)
     p.add_argument("--kubeconfig", default=None)
     p.set_defaults(handler=run)
@@ -173,10 +173,11 @@ def _jobs(custom: Any, namespaces: list[str] | None) -> tuple[list[tuple[str, st
 def run(args: argparse.Namespace) -> int:
     from kubernetes import client
 
-    from tpujob.kube.client import api_client
     from tpujob.kube.errors import KubeError
+    from tpujob.kubeconfig import connect
 
-    api = api_client(args.kubeconfig)
+    cluster = connect(args.kubeconfig, None)
+    api = cluster.api
     custom = client.CustomObjectsApi(api)
     try:
         stop_operator(
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         jobs, skipped = _jobs(custom, None if args.all_namespaces else args.namespaces)
         released = [job for job in jobs if release_job(custom, *job)]
     except KubeError as err:
-        raise CommandError(str(err)) from err
+        raise cluster.explain(err) from err
     for namespace in skipped:
         print(f"namespace {namespace}: jobs cannot be listed (deleted?); skipped", file=sys.stderr)
     print(f"operator stopped; finalizer removed from {len(released)} of {len(jobs)} jobs")

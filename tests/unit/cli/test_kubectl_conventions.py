@@ -26,7 +26,13 @@ from tests.unit.cli.apiserver import (
 from tpujob.cli import main
 from tpujob.kubeconfig import why_unreachable
 
-COMMANDS = {"get": ["get"], "describe": ["describe", "train"], "doctor": ["doctor"]}
+COMMANDS = {
+    "get": ["get"],
+    "describe": ["describe", "train"],
+    "doctor": ["doctor"],
+    "regrade": ["regrade", "team/train", "--class", "soft", "--why", "flaky storage"],
+    "release-jobs": ["release-jobs", "--deployment", "op", "--deployment-namespace", "sys", "-A"],
+}
 
 
 @pytest.fixture
