@@ -5,6 +5,10 @@ and puts it in the two places that ship it: `crds/` (applied by tests and by
 `kubectl apply --server-side -f crds/`) and the Helm chart's `crds/` folder. `check` exits 1
 when either file differs from what the models produce, so CI catches a model change without
 a regenerated CRD.
+
+It also writes `docs/topologies.md`, the table of every accelerator and topology the CRD
+admits, from the same table (`tpujob.api.topology`), so the page cannot fall behind what the
+apiserver accepts.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from typing import Any
 import yaml
 
 from tpujob.api import constants as c
+from tpujob.api import topology
 from tpujob.api.schema import custom_resource_definition
 
 FILE_NAME = f"{c.GROUP}_{c.PLURAL}.yaml"
 OUTPUT_DIRS = ("crds", "charts/tpujob-operator/crds")
+TOPOLOGY_DOC = Path("docs/topologies.md")
 HEADER = (
     "# Generated from the tpujob.api models by `tpujob crd write`; do not edit by hand.\n"
     "# Edit operator/tpujob/api/ and run `make generate` instead.\n"
@@ -45,6 +51,33 @@ def render() -> str:
     return HEADER + body
 
 
+def render_topologies() -> str:
+    """Every admitted accelerator and topology: the pods a slice needs and what each asks."""
+    lines = [
+        "<!-- Generated from tpujob.api.topology by `make generate`; do not edit by hand. -->",
+        "# Accelerators and topologies",
+        "",
+        "What `spec.tpu.accelerator` and `spec.tpu.topology` admit. A slice runs one worker pod",
+        "per host (GKE node), each requesting `google.com/tpu` equal to its chips per host; a",
+        "job of `spec.tpu.slices` slices needs that many node pools of the shape. Only",
+        "multi-host slices can form a multislice job.",
+    ]
+    for row in topology.ACCELERATORS:
+        lines += [
+            "",
+            f"## `{row.label}` ({row.generation})",
+            "",
+            "| topology | chips | hosts (pods) | chips per host | Cloud TPU type | multislice |",
+            "|---|---|---|---|---|---|",
+        ]
+        for shape in (topology.resolve(row.label, t) for t in row.chips_per_host):
+            lines.append(
+                f"| `{shape.topology}` | {shape.chips} | {shape.hosts} | {shape.chips_per_host} "
+                f"| `{shape.tpu_type}` | {'yes' if shape.multi_host else 'no'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def output_paths(root: Path) -> tuple[Path, ...]:
     """Where the CRD is written, under the repository root."""
     return tuple(root / d / FILE_NAME for d in OUTPUT_DIRS)
@@ -57,17 +90,22 @@ def write(root: Path) -> tuple[Path, ...]:
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    return paths
+    doc = root / TOPOLOGY_DOC
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(render_topologies(), encoding="utf-8")
+    return (*paths, doc)
 
 
 def check(root: Path) -> tuple[Drift, ...]:
     """Files under `root` that drifted from the models (empty when all are current)."""
     text = render()
+    expected = [(path, text) for path in output_paths(root)]
+    expected.append((root / TOPOLOGY_DOC, render_topologies()))
     drifts = []
-    for path in output_paths(root):
+    for path, want in expected:
         if not path.exists():
             drifts.append(Drift(path, "missing"))
-        elif path.read_text(encoding="utf-8") != text:
+        elif path.read_text(encoding="utf-8") != want:
             drifts.append(Drift(path, "differs from the models"))
     return tuple(drifts)
 

@@ -29,7 +29,22 @@ def test_check_reports_a_hand_edited_crd(tmp_path: Path) -> None:
 
 
 def test_check_reports_a_missing_crd(tmp_path: Path) -> None:
-    assert [d.reason for d in crdgen.check(tmp_path)] == ["missing", "missing"]
+    assert [d.reason for d in crdgen.check(tmp_path)] == ["missing", "missing", "missing"]
+
+
+def test_check_reports_a_topology_page_behind_the_table(tmp_path: Path) -> None:
+    crdgen.write(tmp_path)
+    page = tmp_path / crdgen.TOPOLOGY_DOC
+    page.write_text(page.read_text().replace("| `4x8` | 32 | 8 |", "| `4x8` | 32 | 4 |"))
+    assert [d.path for d in crdgen.check(tmp_path)] == [page]
+
+
+def test_the_topology_page_lists_every_admitted_shape_with_its_pods() -> None:
+    from tpujob.api import topology
+
+    page = (ROOT / crdgen.TOPOLOGY_DOC).read_text()
+    for shape in topology.all_shapes():
+        assert f"| `{shape.topology}` | {shape.chips} | {shape.hosts} |" in page
 
 
 def test_cli_check_exits_nonzero_on_drift(tmp_path: Path) -> None:
