@@ -30,6 +30,7 @@ from tpujob.api import (
     status_patch,
     topology,
 )
+from tpujob.api.labels import BAD_NODE_TAINT, NODEPOOL
 
 pytestmark = pytest.mark.cluster
 
@@ -83,6 +84,8 @@ def both(*mutations: Mutation) -> Mutation:
 def rule(**fields: Any) -> Mutation:
     return put("spec.recovery.rules", [fields])
 
+
+SHM = {"name": "shm", "emptyDir": {"medium": "Memory"}}
 
 # (id, mutation, the field the message must name, what the message must say is allowed)
 REFUSED: list[tuple[str, Mutation, str, str]] = [
@@ -299,7 +302,7 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
     ),
     (
         "checkpoint-uri-and-volume",
-        put("spec.checkpoint", {"uri": "gs://b/p", "volume": {"claimName": "pvc"}}),
+        put("spec.checkpoint", {"uri": "gs://bucket/p", "volume": {"claimName": "pvc"}}),
         "spec.checkpoint",
         "exactly one of uri or volume",
     ),
@@ -307,7 +310,80 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
         "checkpoint-unsupported-scheme",
         put("spec.checkpoint", {"uri": "ftp://host/p"}),
         "spec.checkpoint.uri",
-        "(gs|s3|file)",
+        "only Cloud Storage",
+    ),
+    (
+        "checkpoint-file-uri",
+        put("spec.checkpoint", {"uri": "file:///data/ckpt"}),
+        "spec.checkpoint.uri",
+        "use spec.checkpoint.volume",
+    ),
+    (
+        "template-operator-label",
+        put("spec.trainer.podTemplate", {"metadata": {"labels": {"tpujob.dev/job": "x"}}}),
+        "spec.trainer.podTemplate.metadata.labels",
+        "are the operator's",
+    ),
+    (
+        "template-pool-selector",
+        put("spec.trainer.podTemplate", {"spec": {"nodeSelector": {NODEPOOL: "mine"}}}),
+        "spec.trainer.podTemplate.spec.nodeSelector",
+        "chosen by the operator",
+    ),
+    (
+        "template-tolerates-every-taint",
+        put("spec.trainer.podTemplate", {"spec": {"tolerations": [{"operator": "Exists"}]}}),
+        "spec.trainer.podTemplate.spec.tolerations[0].key",
+        "Required value",
+    ),
+    (
+        "template-tolerates-bad-nodes",
+        put("spec.trainer.podTemplate", {"spec": {"tolerations": [{"key": BAD_NODE_TAINT}]}}),
+        "spec.trainer.podTemplate.spec.tolerations[0].key",
+        "operator found broken",
+    ),
+    (
+        "template-hostpath-volume",
+        put(
+            "spec.trainer.podTemplate",
+            {"spec": {"volumes": [{"name": "v", "hostPath": {"path": "/"}}]}},
+        ),
+        "spec.trainer.podTemplate.spec.volumes[0].hostPath",
+        "unknown field",
+    ),
+    (
+        "template-volume-two-sources",
+        put(
+            "spec.trainer.podTemplate",
+            {"spec": {"volumes": [{"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}]}},
+        ),
+        "spec.trainer.podTemplate.spec.volumes[0]",
+        "exactly one of emptyDir",
+    ),
+    (
+        "mount-of-no-volume",
+        put("spec.trainer.volumeMounts", [{"name": "shm", "mountPath": "/dev/shm"}]),
+        "spec.trainer.volumeMounts",
+        "names a volume of spec.trainer.podTemplate",
+    ),
+    (
+        "mount-over-scratch",
+        both(
+            put("spec.trainer.podTemplate", {"spec": {"volumes": [SHM]}}),
+            put("spec.trainer.volumeMounts", [{"name": "shm", "mountPath": "/tmp"}]),
+        ),
+        "spec.trainer.volumeMounts[0].mountPath",
+        "mounted by the operator",
+    ),
+    (
+        "mount-over-checkpoints",
+        both(
+            put("spec.checkpoint", {"volume": {"claimName": "ckpt"}}),
+            put("spec.trainer.podTemplate", {"spec": {"volumes": [SHM]}}),
+            put("spec.trainer.volumeMounts", [{"name": "shm", "mountPath": "/checkpoints"}]),
+        ),
+        "spec.trainer.volumeMounts",
+        "checkpoint volume is mounted there",
     ),
     (
         "checkpoint-volume-without-source",

@@ -17,6 +17,16 @@ SINGULAR = "tputrainingjob"
 SHORT_NAMES = ("tpujob", "tpujobs")
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
+# What the operator puts into every trainer pod, which a pod template may not name again.
+# Every trainer pod mounts an emptyDir here for scratch (its root filesystem is read-only).
+SCRATCH_MOUNT_PATH = "/tmp"
+SCRATCH_VOLUME = "tmp"
+# And the operator projects the pod's rejoin order into this directory (a slice restart), next
+# to the kubelet's /var/run/secrets: a directory no image needs to have.
+REJOIN_MOUNT_PATH = "/var/run/tpujob"
+REJOIN_VOLUME = "tpujob-rejoin"
+CHECKPOINT_VOLUME = "checkpoints"
+
 # Bounds on user input.
 # Leaves room in a 63-character DNS label for the suffixes of derived pod and service names.
 MAX_JOB_NAME_LENGTH = 40
@@ -24,6 +34,8 @@ MAX_SLICES = 64
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
 MAX_ENV = 128
+# Bounds of a pod template (each list and map, and the keys and values in it).
+MAX_TEMPLATE_ITEMS = 64
 MAX_NAME_LENGTH = 253
 MAX_URI_LENGTH = 1024
 MAX_RULES = 32

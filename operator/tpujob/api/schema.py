@@ -63,6 +63,11 @@ def _structural(node: Schema, defs: Schema, *, defaults: bool) -> Schema:
         else:
             raise ValueError(f"union not expressible in a structural schema: {node}")
     out = {k: v for k, v in node.items() if k not in _DROPPED}
+    values = node.get("additionalProperties")
+    if isinstance(values, dict) and values and "properties" not in node:
+        # A map (labels, node selectors): its values' schema, which Kubernetes needs to know
+        # that `self` is a map in a CEL rule. (A model's `false` says nothing it would accept.)
+        out["additionalProperties"] = _structural(values, defs, defaults=defaults)
     if "default" in out and (not defaults or out["default"] in (None, [], ())):
         del out["default"]
     if "properties" in out:

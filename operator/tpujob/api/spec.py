@@ -20,13 +20,14 @@ from tpujob.api.trainer import TrainerSpec
 DEFAULT_CHECKPOINT_INTERVAL_STEPS = 100
 DEFAULT_CHECKPOINT_KEEP = 3
 DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
-CHECKPOINT_URI_PATTERN = r"^(gs|s3|file)://[^\s]+$"
+# Cloud Storage only: every trainer image carries what orbax needs for it (gcsfs and
+# TensorStore's GCS driver). A bucket name is 3-222 characters of lowercase letters, digits,
+# '-', '_' and '.', starting and ending with a letter or digit. A local directory is a volume
+# (spec.checkpoint.volume), not a file:// URI, so that the operator knows to mount it.
+CHECKPOINT_URI_PATTERN = r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\s]*)?$"
 ABSOLUTE_PATH_PATTERN = r"^/[^\s]*$"
-# Every trainer pod mounts an emptyDir here for scratch (its root filesystem is read-only).
-SCRATCH_MOUNT_PATH = "/tmp"
-# And the operator projects the pod's rejoin order into this directory (a slice restart), next
-# to the kubelet's /var/run/secrets: a directory no image needs to have.
-REJOIN_MOUNT_PATH = "/var/run/tpujob"
+SCRATCH_MOUNT_PATH = c.SCRATCH_MOUNT_PATH
+REJOIN_MOUNT_PATH = c.REJOIN_MOUNT_PATH
 
 
 def _immutable(what: str) -> JsonDict:
@@ -184,7 +185,13 @@ class CheckpointSpec(SpecModel):
 
     model_config = ConfigDict(
         json_schema_extra=validations(
-            cel("has(self.uri) != has(self.volume)", "set exactly one of uri or volume")
+            cel("has(self.uri) != has(self.volume)", "set exactly one of uri or volume"),
+            cel(
+                "!has(self.uri) || self.uri.startsWith('gs://')",
+                "only Cloud Storage (gs://BUCKET/PATH) is supported; for a local directory "
+                "or a PersistentVolumeClaim use spec.checkpoint.volume",
+                field_path=".uri",
+            ),
         )
     )
 
@@ -192,7 +199,10 @@ class CheckpointSpec(SpecModel):
         default=None,
         max_length=c.MAX_URI_LENGTH,
         pattern=CHECKPOINT_URI_PATTERN,
-        description="Object-store or file URI of the checkpoint directory: gs://, s3:// or file://.",
+        description=(
+            "Cloud Storage URI of the checkpoint directory (gs://BUCKET/PATH); a local "
+            "directory or a claim is spec.checkpoint.volume."
+        ),
     )
     volume: CheckpointVolume | None = Field(
         default=None, description="A volume holding the checkpoint directory, instead of a URI."
@@ -208,6 +218,17 @@ class CheckpointSpec(SpecModel):
         le=1000,
         description="Number of most recent checkpoints kept.",
     )
+
+    @field_validator("uri", mode="before")
+    @classmethod
+    def _cloud_storage(cls, uri: object) -> object:
+        # Before the pattern, so a file:// or s3:// URI is told what to use instead.
+        if isinstance(uri, str) and not uri.startswith("gs://"):
+            raise ValueError(
+                "only Cloud Storage (gs://BUCKET/PATH) is supported; for a local directory "
+                "or a PersistentVolumeClaim use spec.checkpoint.volume"
+            )
+        return uri
 
     @model_validator(mode="after")
     def _one_location(self) -> CheckpointSpec:
@@ -227,7 +248,18 @@ class CheckpointSpec(SpecModel):
 class TPUTrainingJobSpec(SpecModel):
     """The desired state of a TPU training run."""
 
-    model_config = ConfigDict(json_schema_extra=validations(topology_cel.failed_node_budget_rule()))
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            topology_cel.failed_node_budget_rule(),
+            cel(
+                "!has(self.checkpoint) || !has(self.checkpoint.volume) || "
+                "!has(self.trainer.volumeMounts) || self.trainer.volumeMounts.all(m, "
+                "m.mountPath != self.checkpoint.volume.mountPath)",
+                "the checkpoint volume is mounted there (spec.checkpoint.volume.mountPath)",
+                field_path=".trainer.volumeMounts",
+            ),
+        )
+    )
 
     framework: Framework = Field(
         default=Framework.JAX, description="Training framework of the trainer."
@@ -262,6 +294,18 @@ class TPUTrainingJobSpec(SpecModel):
             raise ValueError(
                 f"maxFailedNodes {budget} is more than half of the job's "
                 f"{self.tpu.total_hosts} hosts"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoint_mount_is_free(self) -> TPUTrainingJobSpec:
+        volume = self.checkpoint.volume if self.checkpoint is not None else None
+        if volume is not None and any(
+            m.mount_path == volume.mount_path for m in self.trainer.volume_mounts
+        ):
+            raise ValueError(
+                f"spec.trainer.volumeMounts: {volume.mount_path} is where the checkpoint volume "
+                "is mounted (spec.checkpoint.volume.mountPath)"
             )
         return self
 

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tpujob.api import constants as c
 from tpujob.api.base import DnsSubdomain, Quantity, SpecModel, cel, validations
+from tpujob.api.pod_template import PodTemplate, VolumeMount
 
 RESERVED_ENV_PREFIX = "TPUJOB_"
 # The user of the reference trainer images (trainer_image/Dockerfile*: `useradd --uid 1000`).
@@ -170,6 +171,18 @@ class TrainerSecurity(SpecModel):
 class TrainerSpec(SpecModel):
     """The trainer container run on every host of every slice."""
 
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.podTemplate) && "
+                "has(self.podTemplate.spec) && has(self.podTemplate.spec.volumes) && "
+                "self.podTemplate.spec.volumes.exists(v, v.name == m.name))",
+                "every volume mount names a volume of spec.trainer.podTemplate.spec.volumes",
+                field_path=".volumeMounts",
+            )
+        )
+    )
+
     image: str = Field(min_length=1, max_length=512, description="Container image of the trainer.")
     command: tuple[Arg, ...] | None = Field(
         default=None,
@@ -221,6 +234,38 @@ class TrainerSpec(SpecModel):
         ),
         json_schema_extra={"default": {}},
     )
+
+    volume_mounts: tuple[VolumeMount, ...] = Field(
+        default=(),
+        max_length=c.MAX_TEMPLATE_ITEMS,
+        description="Volumes of spec.trainer.podTemplate mounted into the trainer container.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["mountPath"],
+        },
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "Labels, annotations, tolerations, node selectors, priority, volumes, host "
+            "networking and pull secrets added to every worker pod; the operator's own fields "
+            "cannot be named."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> TrainerSpec:
+        volumes = {v.name for v in self.pod_template.spec.volumes} if self.pod_template else set()
+        for mount in self.volume_mounts:
+            if mount.name not in volumes:
+                raise ValueError(
+                    f"volume mount {mount.mount_path} names {mount.name!r}, which is not a "
+                    "volume of spec.trainer.podTemplate.spec.volumes"
+                )
+        paths = [m.mount_path for m in self.volume_mounts]
+        if len(set(paths)) != len(paths):
+            raise ValueError("volume mount paths must be unique")
+        return self
 
     @field_validator("env")
     @classmethod

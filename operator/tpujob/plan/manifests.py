@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpujob.api import TPUTrainingJob, contract, labels
-from tpujob.api.spec import REJOIN_MOUNT_PATH
+from tpujob.api.constants import CHECKPOINT_VOLUME, REJOIN_MOUNT_PATH, REJOIN_VOLUME
 from tpujob.plan import pod_security
+from tpujob.plan.pod_template import add_template
 
 # Where a trainer pod's rejoin order is projected (see `contract.POD_REJOIN_ANNOTATION`).
-REJOIN_VOLUME = "tpujob-rejoin"
 REJOIN_FILE = "rejoin"
 BASE_COLLECTIVE_TIMEOUT_SECONDS = 60
 
@@ -249,14 +249,17 @@ def trainer_pod(
             if volume.claim_name
             else {"hostPath": {"path": volume.host_path, "type": "DirectoryOrCreate"}}
         )
-        spec["volumes"].append({"name": "checkpoints", **source})
-        container["volumeMounts"].append({"name": "checkpoints", "mountPath": volume.mount_path})
+        spec["volumes"].append({"name": CHECKPOINT_VOLUME, **source})
+        container["volumeMounts"].append(
+            {"name": CHECKPOINT_VOLUME, "mountPath": volume.mount_path}
+        )
     extra = {
         labels.ATTEMPT: str(settings.attempt),
         labels.SLICE: str(slice_index),
         labels.WORKER: str(worker),
     }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
+    return add_template(pod, trainer.pod_template, trainer.volume_mounts)
 
 
 def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[str, Any]]:

@@ -13,13 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tpujob.api.spec import SCRATCH_MOUNT_PATH
+from tpujob.api.constants import SCRATCH_MOUNT_PATH, SCRATCH_VOLUME
 from tpujob.api.trainer import TrainerSecurity
 
 # The chart value (and operator setting) listing the node paths jobs may mount; empty refuses
 # every hostPath, which is what a shared GKE cluster wants.
 HOSTPATH_SETTING = "hostPathPrefixes"
-SCRATCH_VOLUME = "tmp"
 SCRATCH_PATH = SCRATCH_MOUNT_PATH
 # Bounds what one tenant's scratch files can take from a TPU host's boot disk; past it the
 # kubelet evicts the pod, a failure the diagnosis reports as an eviction.

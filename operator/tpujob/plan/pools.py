@@ -5,6 +5,7 @@ from __future__ import annotations
 from tpujob.api.reasons import EventReason, EventType, TimelineKind
 from tpujob.observed.views import Observed
 from tpujob.plan.placement import expected_end, plan_placement
+from tpujob.plan.pod_template import selects
 from tpujob.plan.result import Draft
 
 
@@ -23,14 +24,19 @@ def choose_pools(
     not exist yet) is not a candidate at all: a TPU pool is one slice, and two gangs sharing
     one would each hold part of it and both wait forever. A slice with no free pool is left
     out of the result; the attempt then waits instead of launching. `avoid` (a pool a moved
-    slice leaves) is only placed last.
+    slice leaves) is only placed last. Only nodes the pod template's node selectors match count.
     """
     tpu, progress = obs.job.spec.tpu, obs.job.status.progress
     # A recorded pool another job took meanwhile (during a backoff, or two claims crossing
     # an operator restart) is given up and the slice placed again.
     keep = {s: p for s, p in keep.items() if p not in obs.busy_pools}
     kept = set(keep.values())
-    nodes = [n for n in obs.nodes.values() if n.pool in kept or n.pool not in obs.busy_pools]
+    trainer = obs.job.spec.trainer
+    nodes = [
+        n
+        for n in obs.nodes.values()
+        if (n.pool in kept or n.pool not in obs.busy_pools) and selects(trainer, n.labels)
+    ]
     result = plan_placement(
         slices=tpu.slices,
         hosts_per_slice=tpu.hosts_per_slice,

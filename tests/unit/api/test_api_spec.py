@@ -213,13 +213,31 @@ REFUSED: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
     ),
     (
         "checkpoint uri and volume",
-        _set("spec.checkpoint", {"uri": "gs://b/p", "volume": {"claimName": "pvc"}}),
+        _set("spec.checkpoint", {"uri": "gs://bucket/p", "volume": {"claimName": "pvc"}}),
         "spec.checkpoint",
         "exactly one of uri or volume",
     ),
     (
         "checkpoint uri scheme",
         _set("spec.checkpoint", {"uri": "ftp://host/p"}),
+        "spec.checkpoint.uri",
+        "only Cloud Storage",
+    ),
+    (
+        "checkpoint file uri",
+        _set("spec.checkpoint", {"uri": "file:///data/ckpt"}),
+        "spec.checkpoint.uri",
+        "use spec.checkpoint.volume",
+    ),
+    (
+        "checkpoint s3 uri",
+        _set("spec.checkpoint", {"uri": "s3://bucket/ckpt"}),
+        "spec.checkpoint.uri",
+        "only Cloud Storage",
+    ),
+    (
+        "checkpoint bucket name",
+        _set("spec.checkpoint", {"uri": "gs://Bucket/ckpt"}),
         "spec.checkpoint.uri",
         "should match pattern",
     ),

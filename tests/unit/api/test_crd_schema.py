@@ -29,11 +29,16 @@ def at(path: str) -> Node:
     return dict(NODES)[path]
 
 
-@pytest.mark.parametrize(
-    "keyword", ["$ref", "$defs", "title", "additionalProperties", "nullable"], ids=str
-)
+@pytest.mark.parametrize("keyword", ["$ref", "$defs", "title", "nullable"], ids=str)
 def test_schema_is_structural(keyword: str) -> None:
     assert [p for p, n in NODES if keyword in n] == []
+
+
+def test_only_maps_have_additional_properties_and_each_says_what_its_values_are() -> None:
+    maps = {p: n for p, n in NODES if "additionalProperties" in n}
+    assert [p for p, n in maps.items() if "properties" in n] == []
+    assert [p for p, n in maps.items() if n["additionalProperties"].get("type") != "string"] == []
+    assert any(p.endswith("podTemplate.metadata.labels") for p in maps), sorted(maps)
 
 
 def test_no_node_is_a_nullable_union() -> None:
