@@ -27,9 +27,11 @@ system-deps:
 	  (apt-get update -qq && apt-get install -y -qq bubblewrap iproute2 iptables >/dev/null)
 
 # Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm from
-# the Go modules pinned under tools/ (once per machine; later runs reuse the cache).
+# the Go modules pinned under tools/, and fake-gcs-server for the gs:// checkpoint tests (once
+# per machine; later runs reuse the cache).
 binaries: system-deps
 	tools/build-control-plane.sh
+	tools/build-fake-gcs.sh
 
 # The one command that writes generated artefacts: the CRD (from the pydantic models), the
 # chart's copy of it, and the operator's copy of the trainer contract.

@@ -194,7 +194,9 @@ class TensorFlowTrainer(runtime.Loop):
             )
         manager, start = None, 0
         if cfg.checkpoint_dir:
-            Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            # gs:// goes to TensorFlow's own Cloud Storage file system, which needs no directory.
+            if "://" not in cfg.checkpoint_dir:
+                Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             manager = tf.train.CheckpointManager(
                 checkpoint, cfg.checkpoint_dir, max_to_keep=cfg.keep
             )
