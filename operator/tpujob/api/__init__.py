@@ -13,6 +13,7 @@ from tpujob.api.enums import (
     FailureClass,
     Framework,
     Phase,
+    Provisioning,
 )
 from tpujob.api.job import (
     FieldError,
@@ -63,6 +64,7 @@ __all__ = [
     "PendingEvent",
     "Phase",
     "Progress",
+    "Provisioning",
     "RecoverySpec",
     "Restarts",
     "TPUSpec",

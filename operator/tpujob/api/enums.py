@@ -15,6 +15,16 @@ class Framework(enum.StrEnum):
     TENSORFLOW = "tensorflow"
 
 
+class Provisioning(enum.StrEnum):
+    """Where a job's slices find their node pools."""
+
+    EXISTING_POOLS = "ExistingPools"
+    """A slice launches only onto a free pool that exists; the job waits for one."""
+    AUTOSCALE = "Autoscale"
+    """A slice with no free pool launches anyway, pinned to no pool but kept whole in one pool
+    of its own: the pending pods are the demand GKE's autoscaler provisions a pool for."""
+
+
 class FailureClass(enum.StrEnum):
     """How a failure is treated, from cheapest to most severe."""
 

@@ -8,6 +8,8 @@ JOB = f"{GROUP}/job"
 ATTEMPT = f"{GROUP}/attempt"
 SLICE = f"{GROUP}/slice"
 WORKER = f"{GROUP}/worker"
+# One slice's pods, whatever the attempt: what keeps them in one pool, and other slices out.
+GANG = f"{GROUP}/gang"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "tpujob-operator"
 # The finalizer kopf keeps on every job while its daemon runs.

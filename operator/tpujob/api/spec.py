@@ -13,7 +13,7 @@ from tpujob.api import cel as topology_cel
 from tpujob.api import constants as c
 from tpujob.api import topology as topology_table
 from tpujob.api.base import DnsSubdomain, SpecModel, cel, validations
-from tpujob.api.enums import Framework
+from tpujob.api.enums import Framework, Provisioning
 from tpujob.api.recovery import RecoverySpec
 from tpujob.api.trainer import TrainerSpec
 
@@ -68,6 +68,16 @@ class TPUSpec(SpecModel):
         le=c.MAX_SLICES,
         description="Number of identical slices (more than one is multislice over DCN).",
         json_schema_extra=_immutable("slices"),
+    )
+    provisioning: Provisioning = Field(
+        default=Provisioning.EXISTING_POOLS,
+        description=(
+            "ExistingPools (the default): a slice starts only on a free node pool that exists, "
+            "and the job waits (WaitingForPool) for one. Autoscale: a slice with no free pool "
+            "gets its pods anyway, kept together in one pool of their own and no other job's, "
+            "so that GKE's cluster autoscaler or node auto-provisioning creates or scales up "
+            "a pool for them; the pool they land in is recorded and kept."
+        ),
     )
 
     @field_validator("accelerator")

@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client
 
-from tpujob.api import TPUTrainingJob, parse_job
+from tpujob.api import Provisioning, TPUTrainingJob, parse_job
 from tpujob.diagnosis.cascade import MAX_DIAGNOSED_WORKERS, sample_key
 from tpujob.kube import uids
 from tpujob.kube.cache import CachedView
@@ -142,10 +142,26 @@ def made_as_placed(job: TPUTrainingJob, pod: PodView, nodes: Mapping[str, NodeVi
     if pod.attempt != job.status.attempt:
         return True
     placed = pools_of(job.status.current_attempt).get(pod.slice)
-    if placed is None:  # the placement is recorded before any pod of it is made
-        return False
     node = nodes.get(pod.node) if pod.node else None
-    return pod.node_pool == placed and (node is None or node.pool == placed)
+    # An Autoscale slice's pods name no pool: the scheduler chose one by their gang affinity.
+    unpinned = job.spec.tpu.provisioning is Provisioning.AUTOSCALE and pod.node_pool is None
+    if placed is None:  # the placement is recorded before any pod of it is made
+        # ... but for an Autoscale slice until its first pod lands: then only a node of the
+        # job's shape in some pool can be where the scheduler put it.
+        tpu = job.spec.tpu
+        return (
+            unpinned
+            and job.status.current_attempt.launched_time is not None
+            and (
+                node is None
+                or (
+                    bool(node.pool)
+                    and node.accelerator == tpu.accelerator
+                    and node.topology == tpu.topology
+                )
+            )
+        )
+    return (pod.node_pool == placed or unpinned) and (node is None or node.pool == placed)
 
 
 def tails_to_read(observed: Observed) -> list[tuple[str, str]]:

@@ -12,11 +12,12 @@ Trainer pods pass Pod Security `restricted` by default (see `tpujob.plan.pod_sec
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpujob.api import TPUTrainingJob, contract, labels
+from tpujob.api import Provisioning, TPUTrainingJob, contract, labels
 from tpujob.api.constants import CHECKPOINT_VOLUME, REJOIN_MOUNT_PATH, REJOIN_VOLUME
 from tpujob.plan import pod_security
 from tpujob.plan.pod_template import add_template
@@ -160,19 +161,56 @@ def trainer_env(
     return env
 
 
-def _affinity(bad_nodes: frozenset[str]) -> dict[str, Any] | None:
-    if not bad_nodes:
-        return None
-    term = {
-        "matchExpressions": [
-            {"key": labels.HOSTNAME, "operator": "NotIn", "values": sorted(bad_nodes)}
-        ]
-    }
+def gang(job: TPUTrainingJob, slice_index: int) -> str:
+    """The `labels.GANG` value of one slice's pods: the same in every attempt, unique in the
+    cluster (job uids are), and a valid label value whatever the job's name."""
+    key = job.metadata.get("uid") or f"{job.namespace}/{job.name}"
+    return hashlib.sha256(f"{key}/{slice_index}".encode()).hexdigest()[:20]
+
+
+def _gang_affinity(value: str) -> dict[str, Any]:
+    """One slice alone in one pool, whichever pool it is: each pod goes where the slice's other
+    pods are (the first anywhere), and never into a pool another slice's pods are in, of any
+    job or namespace. What a pool per slice needs when no pool is named (GKE's autoscaler and
+    node auto-provisioning then see pods that fit only a new or empty pool)."""
     return {
-        "nodeAffinity": {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {labels.GANG: value}},
+                    "topologyKey": labels.NODEPOOL,
+                }
+            ]
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchExpressions": [
+                            {"key": labels.GANG, "operator": "Exists"},
+                            {"key": labels.GANG, "operator": "NotIn", "values": [value]},
+                        ]
+                    },
+                    "namespaceSelector": {},
+                    "topologyKey": labels.NODEPOOL,
+                }
+            ]
+        },
+    }
+
+
+def _affinity(bad_nodes: frozenset[str], gang_value: str | None) -> dict[str, Any] | None:
+    affinity: dict[str, Any] = _gang_affinity(gang_value) if gang_value else {}
+    if bad_nodes:
+        term = {
+            "matchExpressions": [
+                {"key": labels.HOSTNAME, "operator": "NotIn", "values": sorted(bad_nodes)}
+            ]
+        }
+        affinity["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
         }
-    }
+    return affinity or None
 
 
 def trainer_pod(
@@ -238,9 +276,11 @@ def trainer_pod(
         container["volumeMounts"].append(
             {"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH, "readOnly": True}
         )
-    if pool := settings.pools.get(slice_index):
+    pool = settings.pools.get(slice_index)
+    if pool:
         spec["nodeSelector"][labels.NODEPOOL] = pool
-    if affinity := _affinity(settings.bad_nodes):
+    unpinned = not pool and tpu.provisioning is Provisioning.AUTOSCALE
+    if affinity := _affinity(settings.bad_nodes, gang(job, slice_index) if unpinned else None):
         spec["affinity"] = affinity
     volume = job.spec.checkpoint.volume if job.spec.checkpoint else None
     if volume is not None:
@@ -257,6 +297,7 @@ def trainer_pod(
         labels.ATTEMPT: str(settings.attempt),
         labels.SLICE: str(slice_index),
         labels.WORKER: str(worker),
+        labels.GANG: gang(job, slice_index),
     }
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
     return add_template(pod, trainer.pod_template, trainer.volume_mounts)

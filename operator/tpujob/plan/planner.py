@@ -15,7 +15,7 @@ from tpujob.api import ConditionStatus, ConditionType, Phase, Progress, TPUTrain
 from tpujob.api import constants as c
 from tpujob.api.attempt import AttemptStatus
 from tpujob.api.reasons import ConditionReason, EventReason, EventType, FailReason, TimelineKind
-from tpujob.gcp.catalogue import FindingLevel, check_shape, pool_advice
+from tpujob.gcp.catalogue import FindingLevel, check_shape
 from tpujob.observed.nodes import lost
 from tpujob.observed.trouble import find_trouble
 from tpujob.observed.views import Observed, PodView
@@ -29,6 +29,7 @@ from tpujob.plan.marks import mark_blamed_nodes
 from tpujob.plan.placement import placement, pools_of
 from tpujob.plan.pod_security import hostpath_allowed
 from tpujob.plan.pools import choose_pools
+from tpujob.plan.provisioning import learn_pools, say_no_free_pool, unplaced
 from tpujob.plan.recovery import no_attempt_left
 from tpujob.plan.result import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan.slices import abandon_if_broken, is_kept, kept_pods, rejoin
@@ -295,18 +296,9 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
         obs, now=draft.now, return_after=planner.node_health.lost_node_return_seconds
     )
     pools = choose_pools(obs, pools_of(current), avoided, draft=draft)
-    if len(pools) < job.spec.tpu.slices:
+    if len(pools) < job.spec.tpu.slices and not say_no_free_pool(obs, draft, pools):
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
-        tpu = job.spec.tpu
-        advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology)
-        draft.condition(
-            ConditionType.RUNNING,
-            False,
-            ConditionReason.WAITING_FOR_POOL,
-            f"{tpu.slices - len(pools)} of {tpu.slices} slices have no free "
-            f"{tpu.accelerator} {tpu.topology} pool" + (f"; {advice}" if advice else ""),
-        )
         draft.requeue(WAIT_FOR_POOL_SECONDS)
         return
     settings = attempt_settings(obs, current, pools, planner, now=draft.now)
@@ -326,12 +318,12 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
             update={"launched_time": now, "placement": placement(pools), "restored_step": restored}
         )
     )
-    where = (
-        ", ".join(
+    where = ", ".join(
+        [
             f"slice {s} on {p}" + (" (kept)" if s in settings.kept else "")
             for s, p in sorted(pools.items())
-        )
-        or "any pool"
+        ]
+        + [f"slice {s} on a pool to be provisioned" for s in unplaced(obs, pools)]
     )
     draft.timeline(TimelineKind.PODS_CREATED, f"attempt {job.status.attempt}: {where}")
     draft.requeue(1.0)
@@ -347,10 +339,12 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
         _launch(obs, draft, blocking, settings)
         return
     _record_progress(obs, draft)
+    learn_pools(obs, draft)
     pods = obs.attempt_pods(job.status.attempt)
     tpu = job.spec.tpu
     expected = tpu.slices * tpu.hosts_per_slice
-    wiring = attempt_settings(obs, current, pools_of(current), settings, now=draft.now)
+    known = pools_of(draft.status.current_attempt)
+    wiring = attempt_settings(obs, current, known, settings, now=draft.now)
     present = {p.name for p in pods} | {
         p.name
         for p in kept_pods(obs, wiring.kept).values()
@@ -400,7 +394,9 @@ def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -
             *manifests.heartbeat_rbac(job),
             *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing),
         ]
-    _watch_health(obs, draft, pods, expected_count=expected)
+    _watch_health(
+        obs, draft, pods, expected_count=expected, provisioning=bool(unplaced(obs, known))
+    )
 
 
 def own_step(obs: Observed) -> int | None:
@@ -434,7 +430,11 @@ def _record_progress(obs: Observed, draft: Draft) -> None:
 
 
 def _watch_health(
-    obs: Observed, draft: Draft, pods: tuple[PodView, ...], expected_count: int
+    obs: Observed,
+    draft: Draft,
+    pods: tuple[PodView, ...],
+    expected_count: int,
+    provisioning: bool = False,
 ) -> None:
     job, now = obs.job, draft.now
     current = draft.status.current_attempt
@@ -475,7 +475,8 @@ def _watch_health(
         draft.condition(ConditionType.RECOVERING, False, ConditionReason.RUNNING)
     watch_training_health(obs, draft, pods)
     watch_heartbeat(obs, draft, pods)
-    _say_unschedulable(draft, pods)
+    if not provisioning:  # pods waiting for a pool the autoscaler provides are not stuck
+        _say_unschedulable(draft, pods)
     # A stall shows as nothing happening, so no event wakes the job: it is looked at again.
     draft.requeue((job.spec.recovery.stall_timeout_seconds or ANNOUNCE_GRACE_SECONDS) / 4)
 

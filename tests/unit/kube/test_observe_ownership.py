@@ -96,3 +96,33 @@ def test_a_pod_the_operator_could_not_have_made_is_not_the_jobs(how: str, counte
     nodes = [*cluster(), control_plane]
     seen = observe(FakeReader([pod(job, 1, 0, 0), _forged(job, how)], nodes=nodes), job)  # type: ignore[arg-type]
     assert (len(seen.pods) == 2) is counted, [p.name for p in seen.pods]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "node", "selector", "counted"),
+    [
+        (None, None, None, True),  # pending, waiting for the autoscaler
+        (None, "pool-1-w0", None, True),  # landed where the scheduler put it
+        (None, "control-plane", None, False),  # bound to a node of no TPU pool
+        (None, "pool-1-w0", "pool-1", False),  # an Autoscale slice's pod names no pool
+        ("pool-1", "pool-1-w1", None, True),  # its pool learnt: the rest of the gang
+        ("pool-1", "pool-2-w0", None, False),  # ... and never another pool
+    ],
+)
+def test_an_autoscale_slices_pods_count_only_where_the_scheduler_could_have_put_them(
+    recorded: str | None, node: str | None, selector: str | None, counted: bool
+) -> None:
+    status = running_status(pools=(recorded,) if recorded else ())
+    job = job_body(status=status)
+    job["spec"]["tpu"]["provisioning"] = "Autoscale"
+    worker = pod(job, 1, 0, 0)
+    worker["spec"]["nodeSelector"].pop(labels.NODEPOOL, None)
+    if selector:
+        worker["spec"]["nodeSelector"][labels.NODEPOOL] = selector
+    if node:
+        worker["spec"]["nodeName"] = node
+    else:
+        del worker["spec"]["nodeName"]
+    control_plane = {"metadata": {"name": "control-plane", "uid": "uid-cp", "labels": {}}}
+    seen = observe(FakeReader([worker], nodes=[*cluster(), control_plane]), job)  # type: ignore[arg-type]
+    assert (len(seen.pods) == 1) is counted, [p.name for p in seen.pods]
