@@ -472,7 +472,7 @@ def test_valid_job_of_every_generation_is_accepted(
     body = valid_job(f"gen-{accelerator}")
     body["spec"]["tpu"] = {"accelerator": accelerator, "topology": topo, "slices": slices}
     created = create(api, admission_namespace, body)
-    assert created["spec"]["tpu"] == body["spec"]["tpu"]
+    assert created["spec"]["tpu"] == {"provisioning": "ExistingPools", **body["spec"]["tpu"]}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
@@ -481,7 +481,8 @@ def test_example_is_accepted(
 ) -> None:
     body = yaml.safe_load(path.read_text())
     created = create(api, admission_namespace, body)
-    assert created["spec"]["tpu"] == {"slices": 1, **body["spec"]["tpu"]}
+    defaults = {"slices": 1, "provisioning": "ExistingPools"}
+    assert created["spec"]["tpu"] == {**defaults, **body["spec"]["tpu"]}
 
 
 def test_schema_defaults_are_visible_on_the_stored_object(
@@ -490,6 +491,7 @@ def test_schema_defaults_are_visible_on_the_stored_object(
     created = create(api, admission_namespace, valid_job("defaults"))
     spec = created["spec"]
     assert spec["framework"] == "jax"
+    assert spec["tpu"]["provisioning"] == "ExistingPools"
     assert spec["suspend"] is False
     assert spec["trainer"]["allowCpuFallback"] is False
     recovery = spec["recovery"]
