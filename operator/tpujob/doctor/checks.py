@@ -22,6 +22,11 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 OPERATOR_APP = "tpujob-operator"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 INSTALL = "helm install tpujob-operator charts/tpujob-operator -n tpujob-system --create-namespace"
+_PULL_ACTION = (
+    "the image cannot be pulled: build and push it (Dockerfile at the repository's root) to a "
+    "registry the cluster can read, then helm upgrade --set image.repository=REPO "
+    "--set image.tag=TAG (and imagePullSecrets for a private registry)"
+)
 
 
 class Level(IntEnum):
@@ -122,6 +127,34 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     )
 
 
+# What a container waiting for one of these reasons needs, in the operator chart's terms.
+_WAITING_ACTIONS = {
+    "ErrImagePull": _PULL_ACTION,
+    "ImagePullBackOff": _PULL_ACTION,
+    "InvalidImageName": _PULL_ACTION,
+    "CreateContainerConfigError": "a Secret or ConfigMap the chart's values name is missing",
+    "CrashLoopBackOff": "kubectl logs it --previous: the operator exits at start",
+}
+
+
+def _why_not_ready(pod: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The first container's waiting reason and message (an image that cannot be pulled is
+    the usual first-install failure), or the scheduler's word; with what to do about it."""
+    status = pod.get("status") or {}
+    for container in _list(status.get("containerStatuses")):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if reason and reason != "ContainerCreating":
+            message = str(waiting.get("message") or "")
+            return f"{reason}" + (f" ({message[:300]})" if message else ""), _WAITING_ACTIONS.get(
+                reason
+            )
+    for condition in _list(status.get("conditions")):
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"unschedulable ({str(condition.get('message') or '')[:300]})", None
+    return "", None
+
+
 def check_operator(snap: Snapshot) -> list[Finding]:
     if not snap.operator_pods:
         return [
@@ -141,13 +174,15 @@ def check_operator(snap: Snapshot) -> list[Finding]:
             findings.append(Finding(Check.OPERATOR, Level.OK, name, "running and ready"))
             continue
         phase = (pod.get("status") or {}).get("phase", "Unknown")
+        why, action = _why_not_ready(pod)
         findings.append(
             Finding(
                 Check.OPERATOR,
                 Level.PROBLEM,
                 name,
-                f"not ready (phase {phase})",
-                f"kubectl -n {meta.get('namespace', '?')} describe pod "
+                f"not ready (phase {phase})" + (f": {why}" if why else ""),
+                action
+                or f"kubectl -n {meta.get('namespace', '?')} describe pod "
                 f"{meta.get('name', '?')}; kubectl logs it",
             )
         )

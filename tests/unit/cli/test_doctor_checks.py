@@ -229,3 +229,53 @@ def test_describe_warns_when_no_zone_offers_the_jobs_shape(
 
     lines = describe_lines(parse_job(job_body()), T0, Catalogue(project="p", offers=offers))
     assert any("offered in none of the zones us-west4-a" in line for line in lines) is warned
+
+
+def waiting_operator(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "op-3", "namespace": "tpujob-system"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "operator", "state": {"waiting": {"reason": reason, "message": message}}}
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("pod", "says", "advice"),
+    [
+        (
+            waiting_operator("ImagePullBackOff", 'Back-off pulling image "ghcr.io/tpujob/x:0.1.0"'),
+            'ImagePullBackOff (Back-off pulling image "ghcr.io/tpujob/x:0.1.0")',
+            "image.repository",
+        ),
+        (waiting_operator("CrashLoopBackOff", "back-off 5m0s"), "CrashLoopBackOff", "--previous"),
+        (
+            {
+                "metadata": {"name": "op-4", "namespace": "tpujob-system"},
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                        }
+                    ],
+                },
+            },
+            "unschedulable (0/3 nodes are available: 3 Insufficient cpu.)",
+            "describe pod",
+        ),
+    ],
+    ids=["image-pull", "crash-loop", "unschedulable"],
+)
+def test_an_operator_pod_that_is_not_ready_says_why_and_what_to_do(
+    pod: dict[str, Any], says: str, advice: str
+) -> None:
+    (finding,) = [f for f in examine(healthy(operator_pods=[pod])) if f.check is Check.OPERATOR]
+    assert finding.level is Level.PROBLEM
+    assert says in finding.message, finding.message
+    assert advice in (finding.action or ""), finding.action
