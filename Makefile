@@ -34,7 +34,8 @@ binaries: system-deps
 	tools/build-fake-gcs.sh
 
 # The one command that writes generated artefacts: the CRD (from the pydantic models), the
-# chart's copy of it, and the operator's copy of the trainer contract.
+# chart's copy of it, the topology and metrics pages, and the operator's copy of the trainer
+# contract.
 generate: venv
 	$(PY) -m tpujob.crdgen write
 	cp trainer_image/tpujob_trainer/contract.py operator/tpujob/api/contract.py

@@ -8,7 +8,8 @@ a regenerated CRD.
 
 It also writes `docs/topologies.md`, the table of every accelerator and topology the CRD
 admits, from the same table (`tpujob.api.topology`), so the page cannot fall behind what the
-apiserver accepts.
+apiserver accepts, and `docs/metrics.md`, every metric the operator exports, from the
+metrics' own definitions.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ import yaml
 from tpujob.api import constants as c
 from tpujob.api import topology
 from tpujob.api.schema import custom_resource_definition
+from tpujob.controller import metrics
 
 FILE_NAME = f"{c.GROUP}_{c.PLURAL}.yaml"
 OUTPUT_DIRS = ("crds", "charts/tpujob-operator/crds")
 TOPOLOGY_DOC = Path("docs/topologies.md")
+METRICS_DOC = Path("docs/metrics.md")
 HEADER = (
     "# Generated from the tpujob.api models by `tpujob crd write`; do not edit by hand.\n"
     "# Edit operator/tpujob/api/ and run `make generate` instead.\n"
@@ -78,6 +81,32 @@ def render_topologies() -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_metrics() -> str:
+    """Every metric `/metrics` serves, with its type, labels and meaning."""
+    lines = [
+        "<!-- Generated from tpujob.controller.metrics by `make generate`; do not edit. -->",
+        "# Metrics",
+        "",
+        "What the operator serves on `/metrics` (the port is the chart value `metrics.port`),",
+        "besides the client's `process_*` series (CPU seconds, resident memory, open files)",
+        "and the `_created` series (start time) of each counter and histogram.",
+        "The `namespace` and `job` labels are the job's; the chart's ServiceMonitor keeps them",
+        "over Prometheus' own target labels of those names (`honorLabels: true`).",
+        "",
+        "| metric | type | labels | meaning |",
+        "|---|---|---|---|",
+    ]
+    for name, kind, labels, doc in metrics.reference():
+        shown = ", ".join(f"`{label}`" for label in labels) or "none"
+        series = " (`_bucket`, `_sum`, `_count`)" if kind == "histogram" else ""
+        lines.append(f"| `{name}` | {kind}{series} | {shown} | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+def _docs() -> tuple[tuple[Path, str], ...]:
+    return ((TOPOLOGY_DOC, render_topologies()), (METRICS_DOC, render_metrics()))
+
+
 def output_paths(root: Path) -> tuple[Path, ...]:
     """Where the CRD is written, under the repository root."""
     return tuple(root / d / FILE_NAME for d in OUTPUT_DIRS)
@@ -90,17 +119,20 @@ def write(root: Path) -> tuple[Path, ...]:
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    doc = root / TOPOLOGY_DOC
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(render_topologies(), encoding="utf-8")
-    return (*paths, doc)
+    docs = []
+    for relative, page in _docs():
+        doc = root / relative
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(page, encoding="utf-8")
+        docs.append(doc)
+    return (*paths, *docs)
 
 
 def check(root: Path) -> tuple[Drift, ...]:
     """Files under `root` that drifted from the models (empty when all are current)."""
     text = render()
     expected = [(path, text) for path in output_paths(root)]
-    expected.append((root / TOPOLOGY_DOC, render_topologies()))
+    expected += [(root / relative, page) for relative, page in _docs()]
     drifts = []
     for path, want in expected:
         if not path.exists():

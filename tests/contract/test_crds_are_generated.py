@@ -29,7 +29,7 @@ def test_check_reports_a_hand_edited_crd(tmp_path: Path) -> None:
 
 
 def test_check_reports_a_missing_crd(tmp_path: Path) -> None:
-    assert [d.reason for d in crdgen.check(tmp_path)] == ["missing", "missing", "missing"]
+    assert [d.reason for d in crdgen.check(tmp_path)] == ["missing"] * 4
 
 
 def test_check_reports_a_topology_page_behind_the_table(tmp_path: Path) -> None:
@@ -58,3 +58,25 @@ def test_tpujob_crd_subcommand_checks_the_files(tmp_path: Path) -> None:
     assert cli.main(["crd", "check", "--root", str(tmp_path)]) == 0
     crdgen.output_paths(tmp_path)[0].unlink()
     assert cli.main(["crd", "check", "--root", str(tmp_path)]) == 1
+
+
+def test_the_metrics_page_names_every_series_a_scrape_serves() -> None:
+    from prometheus_client import generate_latest
+
+    from tpujob.controller.metrics import Metrics
+
+    served = Metrics()
+    served.record_failure("soft", "PROCESS_KILLED", restarted=True)
+    served.record_recovery(3.0)
+    served.record_request("get")
+    served.record_job("ns", "job", None, 0.5, 1)
+    served.record_breakdown("ns", "job", {"productive": 1.0})
+    page = (ROOT / crdgen.METRICS_DOC).read_text()
+    families = {
+        line.split()[2]
+        for line in generate_latest(served.registry).decode().splitlines()
+        if line.startswith("# TYPE tpujob_") and not line.split()[2].endswith("_created")
+    }
+    assert families, "the registry serves no tpujob metric"
+    for family in families:
+        assert f"`{family}" in page, family

@@ -135,3 +135,18 @@ class Metrics:
 
     def record_recovery(self, seconds: float) -> None:
         self.recovery.observe(seconds)
+
+
+def reference() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """(name as scraped, type, labels, help) of every tpujob metric, for the generated page
+    (a histogram's name is the stem of its _bucket, _sum and _count series).
+
+    Read from the client's own objects, so the page cannot name a metric that is not there."""
+    rows = []
+    for metric in vars(Metrics()).values():
+        if isinstance(metric, (Counter, Gauge, Histogram)):
+            kind, name = str(metric._type), str(metric._name)
+            shown = f"{name}_total" if kind == "counter" else name
+            labels = tuple(str(n) for n in metric._labelnames)
+            rows.append((shown, kind, labels, str(metric._documentation)))
+    return sorted(rows)
