@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from tests.e2e.conftest import LocalCluster
+from tests.e2e.conftest import LocalCluster, wait_for
 from tests.e2e.operator_fixture import OperatorProcess
 from tests.e2e.test_operator_recovery import Run, training_job
 
@@ -65,8 +65,12 @@ def test_an_autoscale_job_waits_in_pending_pods_and_runs_in_the_pool_that_appear
         "Running=False, Provisioning",
     )
     assert waiting["currentAttempt"].get("placement", []) == [], waiting
-    pods = run.pods(attempt=1)
-    assert len(pods) == 2
+    # The status that says so is written before the pods are created.
+    pods = wait_for(
+        lambda: [p for p in [run.pods(attempt=1)] if len(p) == 2],
+        timeout=60,
+        what="the attempt's two pods",
+    )[0]
     assert all(labels.NODEPOOL not in (p.spec.node_selector or {}) for p in pods)
     assert all(p.spec.node_name is None for p in pods)
 
