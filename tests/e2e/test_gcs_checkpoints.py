@@ -11,7 +11,6 @@ pods reach the host.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from tests.e2e.conftest import LocalCluster, wait_for
-from tests.e2e.operator_fixture import OperatorProcess
+from tests.e2e.operator_fixture import OperatorProcess, free_port
 from tests.e2e.test_operator_recovery import Run, resumed_from_checkpoint, training_job
 
 from tpujob.local.controlplane import ClusterState
@@ -32,12 +31,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "tpujob-e2e"
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
