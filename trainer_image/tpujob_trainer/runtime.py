@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from tpujob_trainer.compile_cache import CacheUse, watch
 from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.failures import FailureContext
 from tpujob_trainer.faults import restore_error_from
@@ -38,6 +39,8 @@ class Loop:
         self.config = config
         self.context = FailureContext(worker=config.process_id)
         self.stop_requested = threading.Event()
+        # Set by `join` for a JAX loop whose compilation cache is on; logged after the first step.
+        self.compile_cache: CacheUse | None = None
 
     def on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
         """Only async-signal-safe work here; the loop saves and stops after the current step."""
@@ -45,8 +48,9 @@ class Loop:
         os.write(2, f"tpujob-trainer: received signal {signum}, saving and stopping\n".encode())
 
 
-def join(config: TrainerConfig) -> None:
-    """Configure JAX for this job and join its distributed system when there is one."""
+def join(config: TrainerConfig) -> CacheUse | None:
+    """Configure JAX for this job and join its distributed system when there is one; what the
+    persistent compilation cache does from now on (None: no cache folder)."""
     import jax
 
     # gloo makes the CPU backend's collectives real sockets between processes, so a dead
@@ -54,9 +58,10 @@ def join(config: TrainerConfig) -> None:
     jax.config.update(  # type: ignore[no-untyped-call]
         "jax_cpu_collectives_implementation", "gloo"
     )
+    cache = watch()
     distributed = config.distributed
     if distributed is None:
-        return
+        return cache
     timeout = config.collective_timeout_seconds
     log.info(
         "joining job: process %d of %d, coordinator %s, heartbeat timeout %ds",
@@ -73,6 +78,7 @@ def join(config: TrainerConfig) -> None:
         heartbeat_timeout_seconds=timeout,
         shutdown_timeout_seconds=timeout,
     )
+    return cache
 
 
 def preflight(config: TrainerConfig) -> str:

@@ -142,7 +142,7 @@ class Job(runtime.Loop):
     def __enter__(self) -> Self:
         try:
             runtime.announce(self.config)
-            runtime.join(self.config)
+            self.compile_cache = runtime.join(self.config)
             # After jax.distributed.initialize, which registers its own SIGTERM notifier.
             signal.signal(signal.SIGTERM, self.on_sigterm)
             self.context = replace(self.context, backend=runtime.preflight(self.config))

@@ -180,6 +180,10 @@ class StepDriver:
             self._leaked.append(np.ones(LEAK_BYTES, np.uint8))  # written, so really resident
         host_done = self._clock()
         loss_value = self._read_loss(loss)  # blocks until the device finished the step
+        if self._loop.compile_cache is not None:
+            # Once, after the step that compiled (or loaded) the training step.
+            log.info("%s", self._loop.compile_cache.summary())
+            self._loop.compile_cache = None
         now = self._clock()
         wall = now - self._step_started
         host = max(0.0, wall - (now - host_done) - self._data_wait)

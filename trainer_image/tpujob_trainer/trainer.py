@@ -41,7 +41,7 @@ class Trainer(runtime.Loop):
         import jax
 
         cfg = self.config
-        runtime.join(cfg)
+        self.compile_cache = runtime.join(cfg)
         # Installed after jax.distributed.initialize, which registers its own SIGTERM notifier.
         signal.signal(signal.SIGTERM, self.on_sigterm)
         backend = runtime.preflight(cfg)

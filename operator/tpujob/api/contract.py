@@ -68,6 +68,14 @@ ENV_SUPERVISED = "TPUJOB_SUPERVISED"
 ENV_JAX_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_MEGASCALE_COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
 
+# JAX's persistent compilation cache: JAX reads its folder from this variable. For a JAX job with
+# checkpoints the operator points it at `COMPILATION_CACHE_FOLDER` in the checkpoint directory,
+# which every attempt of the job sees, so a restarted worker loads what an earlier attempt
+# compiled instead of compiling it again. A value in the job's own env wins; an empty one turns
+# the cache off.
+ENV_JAX_COMPILATION_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
+COMPILATION_CACHE_FOLDER = "jax-compilation-cache"
+
 # Annotations the trainer writes on its heartbeat Lease (renewTime is the heartbeat itself).
 HEARTBEAT_STEP = "tpujob.dev/step"
 HEARTBEAT_TOTAL_STEPS = "tpujob.dev/total-steps"

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpujob.api import Provisioning, TPUTrainingJob, contract, labels
+from tpujob.api import Framework, Provisioning, TPUTrainingJob, contract, labels
 from tpujob.api.constants import CHECKPOINT_VOLUME, REJOIN_MOUNT_PATH, REJOIN_VOLUME
 from tpujob.plan import pod_security
 from tpujob.plan.pod_template import add_template
@@ -154,11 +154,21 @@ def trainer_env(
         values[contract.ENV_CHECKPOINT_DIR] = checkpoint.directory
         values[contract.ENV_CHECKPOINT_INTERVAL] = str(checkpoint.interval_steps)
         values[contract.ENV_CHECKPOINT_KEEP] = str(checkpoint.keep)
+        if job.spec.framework is Framework.JAX:
+            values[contract.ENV_JAX_COMPILATION_CACHE_DIR] = compilation_cache_dir(
+                checkpoint.directory
+            )
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     for var in job.spec.trainer.env:
         item = var.model_dump(by_alias=True, exclude_none=True)
         env = [e for e in env if e["name"] != item["name"]] + [item]
     return env
+
+
+def compilation_cache_dir(checkpoint_directory: str) -> str:
+    """JAX's compilation cache folder for a job: inside its checkpoint directory (a path or a
+    gs:// URI), the one place every attempt of the job sees, on whichever nodes it runs."""
+    return f"{checkpoint_directory.rstrip('/')}/{contract.COMPILATION_CACHE_FOLDER}"
 
 
 def gang(job: TPUTrainingJob, slice_index: int) -> str:
