@@ -220,6 +220,10 @@ def describe_lines(
         )
     checkpoint = st.checkpoint_step if st.checkpoint_step is not None else "-"
     lines.append(f"  checkpoint step {checkpoint}")
+    cadence = st.condition(ConditionType.CHECKPOINT_CADENCE)
+    if cadence is not None and cadence.status == ConditionStatus.TRUE and cadence.message:
+        # A False one is shown with the other unmet conditions.
+        lines.append(f"  cadence    {escape(cadence.message)}")
     if st.goodput is not None:
         lines.append(f"  goodput    {st.goodput:.1%}")
     if (parts := st.goodput_breakdown) is not None and parts.wall_seconds > 0:

@@ -368,3 +368,32 @@ def test_a_loss_spike_stops_only_a_loop_that_asked_for_it() -> None:
         for step in watched.steps(0):
             watched.after(step, losses[step], None, stop=lambda: False)
     assert loop.context.step == 9
+
+
+@dataclass
+class SlowSaver(FakeSaver):
+    """Each save holds the loop up for the next of `holds` seconds (on the run's fake clock)."""
+
+    holds: list[float] = field(default_factory=list)
+    time: FakeTime | None = None
+
+    def save(self, step: int, state: Any) -> bool:
+        if self.time is not None and self.holds:
+            self.time.now += self.holds.pop(0)
+        return super().save(step, state)
+
+
+def test_the_heartbeat_carries_the_mean_time_a_save_held_the_loop_up() -> None:
+    saver = SlowSaver(holds=[3.0, 1.0])
+    run = start_run(config("--steps", "8"), saver=saver)
+    saver.time = run.time
+    train(run)
+    published = {p.step: p.save_seconds for p in run.heartbeat.published}
+    assert [published[s] for s in (3, 4, 7, 8)] == [None, 3.0, 3.0, 2.0]
+
+
+def test_a_save_the_fence_refused_is_not_counted_as_a_save() -> None:
+    saver = SlowSaver(refuse=True)
+    run = start_run(config("--steps", "4"), saver=saver)
+    train(run)
+    assert run.heartbeat.published[-1].save_seconds is None

@@ -20,6 +20,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_JOB_UID,
     HEARTBEAT_LOSS,
     HEARTBEAT_REJOINS,
+    HEARTBEAT_SAVE_SECONDS,
     HEARTBEAT_STEP,
     HEARTBEAT_STEPS_PER_SECOND,
     HEARTBEAT_TOTAL_STEPS,
@@ -107,6 +108,14 @@ def test_a_supervised_trainer_says_so_on_its_heartbeat() -> None:
     heartbeat.progress(replace(progress(12), rejoins=True))
     assert heartbeat.renew_if_due()
     assert client.patches[0][2]["metadata"]["annotations"][HEARTBEAT_REJOINS] == "true"
+
+
+def test_a_trainer_that_saved_says_what_a_save_cost_it() -> None:
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    heartbeat.progress(replace(progress(12), save_seconds=0.123456))
+    assert heartbeat.renew_if_due()
+    assert client.patches[0][2]["metadata"]["annotations"][HEARTBEAT_SAVE_SECONDS] == "0.123"
 
 
 @pytest.mark.parametrize(

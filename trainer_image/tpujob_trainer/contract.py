@@ -97,6 +97,10 @@ HEARTBEAT_WORKER_RSS_BYTES = "tpujob.dev/worker-rss-bytes"
 
 # "true" when the trainer runs under the supervisor that restarts it in place on a rejoin order.
 HEARTBEAT_REJOINS = "tpujob.dev/rejoins"
+# Seconds a save holds up the training loop (the mean over this attempt's saves; with
+# asynchronous saves, the copy off the devices and any wait for the previous save): the cost
+# the operator weighs the checkpoint interval against.
+HEARTBEAT_SAVE_SECONDS = "tpujob.dev/save-seconds"
 
 # The rejoin order on a kept trainer pod, written by the operator after the fencing token
 # of the order's attempt (JSON, see `encode_rejoin`).

@@ -25,6 +25,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_JOB_UID,
     HEARTBEAT_LOSS,
     HEARTBEAT_REJOINS,
+    HEARTBEAT_SAVE_SECONDS,
     HEARTBEAT_STEP,
     HEARTBEAT_STEPS_PER_SECOND,
     HEARTBEAT_TOTAL_STEPS,
@@ -94,6 +95,7 @@ class Progress:
     attempt: int
     health: Health | None = None
     rejoins: bool = False
+    save_seconds: float | None = None
 
 
 def health_annotations(health: Health) -> dict[str, str]:
@@ -123,6 +125,11 @@ def lease_patch(progress: Progress, now: datetime, job_uid: str | None = None) -
                 HEARTBEAT_ATTEMPT: str(progress.attempt),
                 HEARTBEAT_REJOINS: "true" if progress.rejoins else "false",
                 **({HEARTBEAT_JOB_UID: job_uid} if job_uid else {}),
+                **(
+                    {HEARTBEAT_SAVE_SECONDS: f"{progress.save_seconds:.3g}"}
+                    if progress.save_seconds is not None
+                    else {}
+                ),
                 **(health_annotations(progress.health) if progress.health else {}),
             }
         },

@@ -137,6 +137,7 @@ class StepDriver:
         self._published: Progress | None = None
         self._step_started = clock()
         self._data_wait = 0.0
+        self._saves = (0, 0.0)  # saves started in this run, seconds they held the loop up
 
     def steps(self, start: int, *, global_batch: int | None = None) -> Iterator[int]:
         """The steps after `start` up to `--steps`; none after the job agreed to stop."""
@@ -255,7 +256,11 @@ class StepDriver:
         if self._saver is None:
             return
         if step % cfg.checkpoint_interval == 0 or step == cfg.steps or self.stopping:
-            if self._saver.save(step, state):
+            began = self._clock()
+            saved = self._saver.save(step, state)
+            if saved:
+                count, seconds = self._saves
+                self._saves = (count + 1, seconds + self._clock() - began)
                 described = f" state_digest={self._digest(state)}" if self._digest else ""
                 log.info("saving step %d%s", step, described)
             if self.stopping:
@@ -281,5 +286,6 @@ class StepDriver:
             cfg.attempt,
             self._health,
             rejoins=cfg.rejoins,
+            save_seconds=self._saves[1] / self._saves[0] if self._saves[0] else None,
         )
         self._heartbeat.progress(self._published)

@@ -98,6 +98,9 @@ class ConditionType(enum.StrEnum):
     False with why when it is not judged by its heartbeat."""
     PLANNING_SLOW = "PlanningSlow"
     """True when planning the job (its diagnosis included) overran the operator's budget."""
+    CHECKPOINT_CADENCE = "CheckpointCadence"
+    """Whether spec.checkpoint.intervalSteps is near the Young/Daly optimum for the measured
+    save cost and the job's time between failures (the message gives the optimum)."""
     SHAPE_OFFERED = "ShapeOffered"
     """False when the operator's Cloud TPU zone catalogue offers the job's accelerator and
     topology in none of its zones (advice only: the job still runs where a pool exists)."""

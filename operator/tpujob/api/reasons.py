@@ -50,6 +50,14 @@ class ConditionReason(enum.StrEnum):
     """Heartbeat=False: the trainer's workers run but it never wrote the Lease."""
     STALL_DETECTION_OFF = "StallDetectionOff"
     """Heartbeat=False: spec.recovery.stallTimeoutSeconds is 0."""
+    NEAR_OPTIMUM = "NearOptimum"
+    """CheckpointCadence=True: the interval is within a factor of two of the optimum."""
+    SAVES_TOO_OFTEN = "SavesTooOften"
+    """CheckpointCadence=False: saves cost more than the progress they protect."""
+    SAVES_TOO_RARELY = "SavesTooRarely"
+    """CheckpointCadence=False: failures redo more steps than saves would cost."""
+    NO_FAILURE_YET = "NoFailureYet"
+    """CheckpointCadence=True: saves are not too frequent; too rare shows after a failure."""
 
 
 class FailReason(enum.StrEnum):

@@ -234,6 +234,8 @@ class Heartbeat:
     attempt: int | None = None
     # The trainer runs under the supervisor that restarts it in place on a rejoin order.
     rejoins: bool = False
+    # Seconds a save holds the training loop up (the attempt's mean); None before its first.
+    save_seconds: float | None = None
     # The uid of the job whose trainer wrote the beat; None from a trainer that does not say.
     job_uid: str | None = None
     # When this operator first saw this renewal, by its own clock (`renewed` is the trainer's,
@@ -248,6 +250,7 @@ class Heartbeat:
 # of these ranges is absent evidence, never a crash of the planner or a status the API refuses.
 MAX_STEP = 10**12
 MAX_STEPS_PER_SECOND = 1e6
+MAX_SAVE_SECONDS = 86400.0
 # The annotations the health numbers are read from (`tpujob.observed.training.parse_health`):
 # the only ones kept, each bounded, so a Lease's 256 KiB of annotations are not all cached.
 # A per-worker list of the largest slices (1,536 hosts, 12 characters each) fits.
@@ -287,6 +290,7 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
         checkpoint_step=_bounded_int(notes.get(contract.HEARTBEAT_CHECKPOINT_STEP), 0, MAX_STEP),
         attempt=_bounded_int(notes.get(contract.HEARTBEAT_ATTEMPT), 1, c.MAX_ATTEMPT),
         rejoins=notes.get(contract.HEARTBEAT_REJOINS) == "true",
+        save_seconds=number(contract.HEARTBEAT_SAVE_SECONDS, 0.0, MAX_SAVE_SECONDS),
         job_uid=_str(notes.get(contract.HEARTBEAT_JOB_UID)),
         annotations={
             key: value[:MAX_HEALTH_CHARS]

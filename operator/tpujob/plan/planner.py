@@ -20,6 +20,7 @@ from tpujob.observed.nodes import lost
 from tpujob.observed.trouble import find_trouble
 from tpujob.observed.views import Observed, PodView
 from tpujob.plan import manifests
+from tpujob.plan.checkpoint_cadence import say_checkpoint_cadence
 from tpujob.plan.failed_nodes import avoided_by
 from tpujob.plan.failure import handle_failure
 from tpujob.plan.goodput import breakdown, ended_attempt, goodput_of
@@ -84,6 +85,8 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     parts = breakdown(draft.status, obs.heartbeat, now=now)
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
+        if draft.status.phase is Phase.RUNNING:
+            say_checkpoint_cadence(obs, draft, parts)
     return draft.done()
 
 
