@@ -1,31 +1,52 @@
 # The tpujob operator image: ghcr.io/tpujob/tpujob-operator.
-# Build from the repository root:  docker build -t ghcr.io/tpujob/tpujob-operator:0.1.0 .
+# `make images` builds it (hack/build-images.sh: a local Debian base, wheels from the lockfile,
+# no network during the build). By hand, from the repository root, on the public base:
+#   docker build -t ghcr.io/tpujob/tpujob-operator:0.1.0 .
 # It runs as uid 65532 with a read-only root filesystem; the chart mounts /tmp as an emptyDir,
 # the only place anything is written.
 
-FROM python:3.11-slim AS build
+# Any image with Python 3.11 as python3 (the public python:3.11-slim, or Debian bookworm's own
+# python3, which `make images` uses).
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The lockfiles pin every package by version and hash. `make images` also puts each locked wheel
+# under .wheels/ in the context, and then pip installs from there alone; without .wheels/ the
+# same hashed files come from PyPI.
+COPY requirements/build.lock requirements/operator.lock .wheel[s] /wheels/
+# Two virtual environments, which works on both bases (Debian's python3 is "externally
+# managed"): /opt/build holds the build tools, /opt/venv only what the operator runs.
+RUN set -eu; \
+    if ls /wheels/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels; fi; \
+    python3 -m venv /opt/build; \
+    /opt/build/bin/pip install --quiet --require-hashes --only-binary :all: -r /wheels/build.lock; \
+    python3 -m venv --without-pip /opt/venv; \
+    /opt/build/bin/pip --python /opt/venv/bin/python install --quiet --require-hashes \
+      --only-binary :all: -r /wheels/operator.lock
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-# A separate prefix lets the runtime stage copy exactly what was installed, without pip's
-# build dependencies or the sources.
-RUN pip install --prefix=/install ".[gcp]"
+# The operator itself, without dependencies (all locked above). Bytecode is compiled here: the
+# running container cannot write it, and would otherwise recompile in memory on every start.
+RUN /opt/build/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /dist . \
+    && /opt/build/bin/pip --python /opt/venv/bin/python install --quiet --no-deps --no-index \
+      /dist/*.whl \
+    && /opt/venv/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/venv/lib
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="tpujob-operator" \
       org.opencontainers.image.description="Runs TPU training jobs on Kubernetes and keeps them training through failures" \
       org.opencontainers.image.source="https://github.com/tpujob/tpujob" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=build /install /usr/local
+COPY --from=build /opt/venv /opt/venv
 # No .pyc writes (the root filesystem is read-only), unbuffered logs, and a writable HOME
 # for libraries that cache under it.
-ENV PYTHONDONTWRITEBYTECODE=1 \
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
-# Compile bytecode here against the final file paths and times: the running container cannot
-# write it, and would otherwise recompile in memory on every start.
-RUN python -m compileall -q /usr/local/lib/python3.11/site-packages
+WORKDIR /tmp
 USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["tpujob"]

@@ -100,6 +100,14 @@ crash-drill: venv binaries
 e2e-kind:
 	hack/e2e-kind.sh
 
+# The operator image and the trainer images (CPU and TPU) as the chart and the examples name
+# them, built with Docker from a local Debian base and the locked wheels, with no registry;
+# cached per machine by content, so a run with nothing changed builds nothing
+# (hack/build-images.sh; `hack/build-images.sh lock` re-resolves the lockfiles).
+.PHONY: images
+images:
+	hack/build-images.sh
+
 clean:
 	rm -rf $(VENV) .state
 

@@ -61,8 +61,7 @@ kind create cluster --name "$cluster" --config kind-config.yaml --kubeconfig "$K
   --wait 180s
 
 step "build and load images"
-docker build -t "$operator_image" .
-docker build -t "$trainer_image" -f trainer_image/Dockerfile.cpu trainer_image
+IMAGE_TAG=$version hack/build-images.sh operator trainer-cpu
 kind load docker-image --name "$cluster" "$operator_image" "$trainer_image"
 
 step "advertise $chips_per_host google.com/tpu on each TPU worker (kind nodes have none)"
