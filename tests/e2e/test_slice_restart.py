@@ -1,8 +1,10 @@
-"""A slice restart on the local cluster: the real JAX trainer on two slices, one worker killed.
+"""Restarts in place on the local cluster, with the real JAX trainer.
 
-Only the failed slice's pods are replaced; the healthy slice's pods stay (same uids, same
-nodes), their trainers restart in place as the new attempt when the operator's rejoin order
-reaches them through the downward API, and all four processes resume from the checkpoint.
+A slice restart: two slices, one worker killed. Only the failed slice's pods are replaced; the
+healthy slice's pods stay (same uids, same nodes), their trainers restart in place as the new
+attempt when the operator's rejoin order reaches them through the downward API, and all four
+processes resume from the checkpoint. A hang: one slice, one worker hung; every trainer
+restarts as the next attempt in the pod it ran in, and no pod is deleted or created.
 """
 
 from __future__ import annotations
@@ -58,6 +60,36 @@ def test_a_worker_killed_in_one_slice_replaces_that_slice_and_the_other_rejoins_
     for name, (uid, node) in kept.items():
         pod = now[name]
         assert (pod.metadata.uid, pod.spec.node_name) == (uid, node)  # the same pod
+        order = contract.parse_rejoin(pod.metadata.annotations[contract.POD_REJOIN_ANNOTATION])
+        assert order is not None and order.attempt == 2
+        assert "rejoining as attempt 2" in run.core.read_namespaced_pod_log(name, namespace)
+    resumed_from_checkpoint(run, before.get("checkpointStep"))
+
+
+@pytest.mark.long
+def test_a_hung_worker_restarts_every_trainer_in_its_own_pod(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    body = training_job(
+        "inplace",
+        tmp_path,
+        steps=60,
+        faults=("hang@18:worker=1:attempt=1",),
+        stallTimeoutSeconds=15,
+    )
+    run = Run(cluster, namespace, operator, body)
+    before = run.wait_training(step=12)
+    pods = {p.metadata.name: (p.metadata.uid, p.spec.node_name) for p in run.pods(1)}
+    assert sorted(pods) == ["inplace-1-0-0", "inplace-1-0-1"]
+    status = run.wait_phase("Succeeded")
+    assert_recovered(status, soft=1)
+    assert status["lastFailure"]["code"] == "HANG"
+    assert "every trainer restarted in its pod" in status["lastFailure"]["action"]
+    now = {p.metadata.name: p for p in run.pods()}
+    assert sorted(now) == sorted(pods)  # no pod created, none deleted
+    for name, (uid, node) in pods.items():
+        pod = now[name]
+        assert (pod.metadata.uid, pod.spec.node_name) == (uid, node)
         order = contract.parse_rejoin(pod.metadata.annotations[contract.POD_REJOIN_ANNOTATION])
         assert order is not None and order.attempt == 2
         assert "rejoining as attempt 2" in run.core.read_namespaced_pod_log(name, namespace)

@@ -14,8 +14,9 @@ coordination service, which reports a dead peer by SIGABRT) is held: the operato
 whether this pod is kept, and an order usually follows within seconds. Every other end is the
 pod's own end at once, so the operator sees a root failure as soon as it happens; so is a hold
 that no order ends within `hold_seconds`. SIGTERM goes to the child (which saves and stops) and
-ends the supervisor with the child's code. The operator gives the order file only to pods of
-multislice jobs, so a one-slice job's trainer never runs supervised.
+ends the supervisor with the child's code. Every trainer pod gets the order file: a multislice
+job's healthy slices rejoin when another is replaced, and after a hang every pod of a job gets
+an order, so its processes restart in the pods they ran in.
 
 Standard library only: it runs before, and around, everything JAX.
 """
@@ -57,6 +58,9 @@ log = logging.getLogger("tpujob_trainer.rejoin")
 # collective timeout) is reported late by no more than this.
 HOLD_SECONDS = 30.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A killed process is gone in milliseconds unless it waits in the kernel, where no signal
+# reaches it.
+KILL_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.5
 
 
@@ -124,7 +128,16 @@ class Supervisor:
                     return exit_status(code)
             else:
                 child.kill()
-                child.wait()
+                try:
+                    child.wait(timeout=KILL_WAIT_SECONDS)
+                except subprocess.TimeoutExpired:
+                    # Stuck in the kernel (a device driver's wait): this pod cannot rejoin.
+                    # Ending it shows the operator a failed pod, which it replaces.
+                    log.error(
+                        "the training process did not end %.0fs after SIGKILL; not rejoining",
+                        KILL_WAIT_SECONDS,
+                    )
+                    return exit_status(-signal.SIGKILL)
             log.warning(
                 "rejoining as attempt %d (coordinator %s)", order.attempt, order.coordinator
             )

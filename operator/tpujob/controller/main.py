@@ -126,8 +126,9 @@ def register(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="when a failure concerns some slices of a job only, replace only their "
-        "pods and restart the others' trainers in place (trainers that say on "
-        "their heartbeat that they can rejoin); off: every pod is replaced",
+        "pods and restart the others' trainers in place, and after a hang restart every "
+        "trainer in its pod (trainers that say on their heartbeat that they can rejoin); "
+        "off: every pod is replaced",
     )
     p.add_argument(
         "--host-path-prefixes",

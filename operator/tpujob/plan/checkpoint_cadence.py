@@ -106,16 +106,14 @@ def say_checkpoint_cadence(obs: Observed, draft: Draft, parts: GoodputBreakdown)
             ConditionType.CHECKPOINT_CADENCE,
             False,
             ConditionReason.SAVES_TOO_OFTEN,
-            f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about "
-            f"{found.optimum_steps}",
+            f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about {found.optimum_steps}",
         )
     elif found.failures and found.ratio > FAR:
         draft.condition(
             ConditionType.CHECKPOINT_CADENCE,
             False,
             ConditionReason.SAVES_TOO_RARELY,
-            f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about "
-            f"{found.optimum_steps}",
+            f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about {found.optimum_steps}",
         )
     elif found.failures:
         draft.condition(

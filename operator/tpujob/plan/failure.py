@@ -273,7 +273,7 @@ def _restart(
     advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology) if unplaced else None
     if advice:
         d = replace(d, advice=f"{d.advice} {advice}".strip())
-    action = _describe(decision, pools, attempt, kept)
+    action = _describe(decision, pools, attempt, kept, obs.job.spec.tpu.slices)
     rollback = _rollback(d, trouble, status)
     if rollback is not None:
         action += "; " + rollback.describe(job.spec.recovery.max_nan_rollbacks)
@@ -333,8 +333,12 @@ def _rollback(d: dx.Diagnosis, trouble: Trouble, status: TPUTrainingJobStatus) -
     )
 
 
-def _describe(decision: Restart, pools: dict[int, str], attempt: int, kept: frozenset[int]) -> str:
+def _describe(
+    decision: Restart, pools: dict[int, str], attempt: int, kept: frozenset[int], slices: int
+) -> str:
     parts = [f"attempt {attempt}"]
+    if len(kept) == slices:
+        return f"attempt {attempt}; every trainer restarted in its pod, no pod replaced"
     if kept:
         parts.append(f"slice {', '.join(str(s) for s in sorted(kept))} kept in place")
     if decision.delay_seconds:

@@ -92,12 +92,6 @@ def host_fqdn(job: TPUTrainingJob, attempt: int, slice_index: int, worker: int) 
     )
 
 
-def rejoins(job: TPUTrainingJob) -> bool:
-    """Whether the job's pods get a rejoin order file: only a multislice job has a slice to
-    keep while another is replaced (one slice alone never runs its trainer supervised)."""
-    return job.spec.tpu.slices > 1
-
-
 def coordinator_host(job: TPUTrainingJob, settings: AttemptSettings) -> str:
     """Slice 0 worker 0's DNS name: JAX's coordinator and the multislice one."""
     return host_fqdn(job, settings.pods_attempt(0), 0, 0)
@@ -144,8 +138,9 @@ def trainer_env(
         contract.ENV_COLLECTIVE_TIMEOUT: str(settings.collective_timeout_seconds),
         contract.ENV_FRAMEWORK: job.spec.framework.value,
     }
-    if rejoins(job):
-        values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"
+    # Every trainer runs under the supervisor: a multislice job keeps its healthy slices when
+    # another is replaced, and any job restarts its trainers in their pods after a hang.
+    values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"
     if settings.rollback_step is not None:
         values[contract.ENV_RESUME_STEP] = str(settings.rollback_step)
     if settings.skip_batches:
@@ -169,6 +164,24 @@ def compilation_cache_dir(checkpoint_directory: str) -> str:
     """JAX's compilation cache folder for a job: inside its checkpoint directory (a path or a
     gs:// URI), the one place every attempt of the job sees, on whichever nodes it runs."""
     return f"{checkpoint_directory.rstrip('/')}/{contract.COMPILATION_CACHE_FOLDER}"
+
+
+def _rejoin_volume() -> dict[str, Any]:
+    """The pod's rejoin order (`contract.POD_REJOIN_ANNOTATION`) as a file, kept up to date by
+    the kubelet, for the trainer's supervisor to read."""
+    return {
+        "name": REJOIN_VOLUME,
+        "downwardAPI": {
+            "items": [
+                {
+                    "path": REJOIN_FILE,
+                    "fieldRef": {
+                        "fieldPath": f"metadata.annotations['{contract.POD_REJOIN_ANNOTATION}']"
+                    },
+                }
+            ]
+        },
+    }
 
 
 def gang(job: TPUTrainingJob, slice_index: int) -> str:
@@ -248,7 +261,10 @@ def trainer_pod(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [{"name": "coordinator", "containerPort": labels.JAX_COORDINATOR_PORT}],
         "securityContext": pod_security.container_security_context(trainer.security),
-        "volumeMounts": [pod_security.scratch_mount()],
+        "volumeMounts": [
+            pod_security.scratch_mount(),
+            {"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH, "readOnly": True},
+        ],
     }
     if trainer.command:
         container["command"] = list(trainer.command)
@@ -264,28 +280,8 @@ def trainer_pod(
         "nodeSelector": {labels.ACCELERATOR: tpu.accelerator, labels.TOPOLOGY: tpu.topology},
         "tolerations": [{"key": labels.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
-        "volumes": [pod_security.scratch_volume()],
+        "volumes": [pod_security.scratch_volume(), _rejoin_volume()],
     }
-    if rejoins(job):
-        spec["volumes"].append(
-            {
-                "name": REJOIN_VOLUME,
-                "downwardAPI": {
-                    "items": [
-                        {
-                            "path": REJOIN_FILE,
-                            "fieldRef": {
-                                "fieldPath": "metadata.annotations"
-                                f"['{contract.POD_REJOIN_ANNOTATION}']"
-                            },
-                        }
-                    ]
-                },
-            }
-        )
-        container["volumeMounts"].append(
-            {"name": REJOIN_VOLUME, "mountPath": REJOIN_MOUNT_PATH, "readOnly": True}
-        )
     pool = settings.pools.get(slice_index)
     if pool:
         spec["nodeSelector"][labels.NODEPOOL] = pool

@@ -87,7 +87,8 @@ class PlannerSettings:
     # not be able to taint nodes); the cross-namespace ledger marks it there.
     trusted_namespaces: tuple[str, ...] = ()
     # When a failure concerns some slices only, and the trainers say they can rejoin, only
-    # those slices' pods are replaced and the others restart in place (off: every pod is).
+    # those slices' pods are replaced and the others restart in place; after a hang every
+    # trainer restarts in its pod (off: every pod is replaced).
     slice_restarts: bool = True
     # The node paths a job's hostPath checkpoint may lie under (`--host-path-prefixes`, the
     # chart's hostPathPrefixes); empty allows none. None: the operator was given no list and

@@ -1,4 +1,4 @@
-"""Slice restarts: which slices a restart keeps in place, and how kept pods rejoin.
+"""Restarts in place: which slices a restart keeps, and how kept pods rejoin.
 
 Pure. When a failure concerns some slices of a multislice job only, the next attempt replaces
 those slices' pods and keeps the others: their pods stay where they are, and the trainer's
@@ -13,11 +13,17 @@ every pod of the slice is running, on a node nobody blames; and the coordinator'
 among the kept (see `COORDINATOR_SLICE`). Anything else replaces every pod, as before. If a
 kept pod ends before the kept pods are told to rejoin, the attempt forgets what it kept and
 replaces every pod (`abandon_if_broken`); after, its end is the attempt's failure.
+
+A hang (a stalled heartbeat, or none within the start-up timeout, while every worker runs and
+no node is to blame) keeps every slice, of a one-slice job too: every trainer restarts as the
+next attempt in the pod it ran in, and no pod is deleted, scheduled or started. Not twice in a
+row: an attempt that was itself restarted whole in place and hangs again is replaced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 from tpujob.api import FailureClass, TPUTrainingJob
 from tpujob.api.attempt import AttemptStatus, KeptSlice
@@ -61,23 +67,53 @@ def slices_to_keep(
     job = obs.job
     tpu, current = job.spec.tpu, job.status.current_attempt
     beat = obs.heartbeat
-    if not settings.slice_restarts or tpu.slices < 2 or beat is None or not beat.rejoins:
-        return frozenset()
-    if decision.graceful or decision.failure_class not in KEEPABLE:
+    if not settings.slice_restarts or beat is None or not beat.rejoins:
         return frozenset()
     timeout = current.collective_timeout_seconds or settings.collective_timeout_seconds
     if decision.collective_timeout_seconds != timeout or current.rollback_step is not None:
         return frozenset()
-    failing = failing_slices(obs, trouble, broken, decision)
-    if not failing:  # a hang or a stall names no slice: nothing to tell healthy ones by
-        return frozenset()
     pods = obs.attempt_pods(job.status.attempt)
+    every = frozenset(range(tpu.slices))
+    if hung_in_place(trouble, broken, decision):
+        # Every process restarts in its pod (a hung step never reaches the save a graceful
+        # stop asks for, so nothing is lost by not asking); but an attempt that was itself
+        # such a restart and hangs again is replaced whole (a process stuck in the kernel
+        # outlives SIGKILL).
+        if len(current.kept_slices) == tpu.slices:
+            return frozenset()
+        kept = _whole_slices(pods, every, tpu.hosts_per_slice, bad_nodes)
+        return kept if kept == every else frozenset()
+    if decision.graceful or decision.failure_class not in KEEPABLE or tpu.slices < 2:
+        return frozenset()
+    failing = failing_slices(obs, trouble, broken, decision)
+    kept = _whole_slices(pods, every - failing, tpu.hosts_per_slice, bad_nodes)
+    return kept if COORDINATOR_SLICE in kept else frozenset()
+
+
+def hung_in_place(trouble: Trouble, broken: Broken, decision: Restart) -> bool:
+    """A hang (no step, or no start, within its timeout) with every worker still running and
+    no node to blame or slice to move: nothing tells a healthy process from the hung one,
+    and none needs a new pod."""
+    return (
+        trouble.facts.heartbeat is not None
+        and not trouble.facts.workers
+        and not broken.slices
+        and broken.root_slice is None
+        and not decision.move_slices
+        and decision.failure_class is FailureClass.SOFT
+    )
+
+
+def _whole_slices(
+    pods: Sequence[PodView], slices: AbstractSet[int], hosts: int, bad_nodes: frozenset[str]
+) -> frozenset[int]:
+    """The slices among `slices` whose every pod exists and can be kept."""
     kept = set()
-    for s in set(range(tpu.slices)) - failing:
+    for s in slices:
         mine = [p for p in pods if p.slice == s]
-        if len(mine) == tpu.hosts_per_slice and all(_keepable(p, bad_nodes) for p in mine):
+        if len(mine) == hosts and all(_keepable(p, bad_nodes) for p in mine):
             kept.add(s)
-    return frozenset(kept) if COORDINATOR_SLICE in kept else frozenset()
+    return frozenset(kept)
 
 
 def _keepable(pod: PodView, bad_nodes: frozenset[str]) -> bool:

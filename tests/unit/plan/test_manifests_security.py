@@ -100,7 +100,7 @@ def test_scratch_is_an_empty_dir_at_tmp_beside_the_checkpoint_claim() -> None:
     pod = pod_of(checkpoint={"volume": {"claimName": "ckpt", "mountPath": "/ckpt"}})
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts == {"/tmp": "tmp", "/ckpt": "checkpoints"}
+    assert mounts == {"/tmp": "tmp", "/var/run/tpujob": "tpujob-rejoin", "/ckpt": "checkpoints"}
     assert "emptyDir" in volumes["tmp"]
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     assert restricted_violations(pod) == []
@@ -188,24 +188,20 @@ def test_the_trainers_memory_is_its_request_and_its_limit() -> None:
     assert "cpu" not in resources["limits"]  # a CPU limit throttles the input pipeline
 
 
-@pytest.mark.parametrize(("slices", "projected"), [(1, False), (2, True)])
-def test_only_a_multislice_jobs_pods_get_the_rejoin_order_file(
-    slices: int, projected: bool
-) -> None:
+@pytest.mark.parametrize("slices", [1, 2])
+def test_every_jobs_pods_get_the_rejoin_order_file(slices: int) -> None:
     from tpujob.api import contract
 
     pod = pod_of(slices=slices)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert ("tpujob-rejoin" in volumes) is projected
-    assert ("tpujob-rejoin" in mounts) is projected
-    assert (env.get(contract.ENV_REJOIN_FILE) == "/var/run/tpujob/rejoin") is projected
-    if projected:
-        item = volumes["tpujob-rejoin"]["downwardAPI"]["items"][0]
-        assert item["fieldRef"]["fieldPath"] == "metadata.annotations['tpujob.dev/rejoin']"
-        assert mounts["tpujob-rejoin"]["readOnly"] is True
-        assert restricted_violations(pod) == []
+    assert env.get(contract.ENV_REJOIN_FILE) == "/var/run/tpujob/rejoin"
+    item = volumes["tpujob-rejoin"]["downwardAPI"]["items"][0]
+    assert item["fieldRef"]["fieldPath"] == "metadata.annotations['tpujob.dev/rejoin']"
+    assert mounts["tpujob-rejoin"]["readOnly"] is True
+    assert mounts["tpujob-rejoin"]["mountPath"] == "/var/run/tpujob"
+    assert restricted_violations(pod) == []
 
 
 @pytest.mark.parametrize(

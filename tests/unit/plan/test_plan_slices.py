@@ -265,3 +265,82 @@ def test_a_kept_pod_told_by_an_operator_that_then_restarted_is_told_again_after_
     assert result.fence_attempt == 2
     assert not [o for o in result.create if o["kind"] == "Pod"]
     assert result.delete_pods == ()
+
+
+def hung_job(slices: int, *, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    pools = TWO_SLICES[:slices]
+    return job_body(
+        slices=slices,
+        status=status or running_status(pools=pools),
+        recovery={"stallTimeoutSeconds": 20},
+    )
+
+
+@pytest.mark.parametrize(
+    ("slices", "rejoins", "settings", "want_kept", "want_deleted"),
+    [
+        (1, True, PlannerSettings(), [(0, 1)], []),
+        (2, True, PlannerSettings(), [(0, 1), (1, 1)], []),
+        (1, False, PlannerSettings(), [], ["train-1-0-0", "train-1-0-1"]),
+        (1, True, PlannerSettings(slice_restarts=False), [], ["train-1-0-0", "train-1-0-1"]),
+    ],
+    ids=["one-slice", "two-slices", "trainers-that-cannot-rejoin", "restarts-in-place-off"],
+)
+def test_a_hang_restarts_every_trainer_in_its_pod(
+    slices: int,
+    rejoins: bool,
+    settings: PlannerSettings,
+    want_kept: list[tuple[int, int]],
+    want_deleted: list[str],
+) -> None:
+    job = hung_job(slices)
+    pods = [pod(job, 1, s, w) for s in range(slices) for w in range(2)]
+    result = plan(
+        observed(job, pods, heartbeat=beat(rejoins=rejoins)), now=at(40), settings=settings
+    )
+    assert result.status.last_failure is not None
+    assert result.status.last_failure.code == "HANG"
+    assert (result.status.attempt, result.status.restarts.soft) == (2, 1)
+    assert kept(result) == want_kept
+    assert deleted(result) == want_deleted
+    in_place = "every trainer restarted in its pod" in (result.status.last_failure.action or "")
+    assert in_place is bool(want_kept)
+
+
+def test_a_hang_of_an_attempt_restarted_whole_in_place_replaces_every_pod() -> None:
+    status = restarted(0, launched=True)
+    status["phase"] = "Running"
+    status["currentAttempt"]["keptSlices"] = [{"slice": 0, "podsAttempt": 1}]
+    status["currentAttempt"]["placement"] = [{"slice": 0, "nodePool": "pool-0"}]
+    job = hung_job(1, status=status)
+    pods = [rejoined(job, 0, 0), rejoined(job, 0, 1)]
+    result = plan(observed(job, pods, heartbeat=beat(attempt=2)), now=at(40))
+    assert result.status.attempt == 3
+    assert kept(result) == []
+    assert deleted(result) == ["train-1-0-0", "train-1-0-1"]
+
+
+def test_a_worker_killed_in_a_one_slice_job_replaces_every_pod() -> None:
+    job = hung_job(1)
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1, **killed())]
+    result = plan(observed(job, pods, heartbeat=beat()), now=at(13))
+    assert result.status.attempt == 2
+    assert kept(result) == []
+    assert deleted(result) == ["train-1-0-0"]
+
+
+def test_a_job_kept_whole_starts_its_next_attempt_with_no_new_pod() -> None:
+    status = restarted(0)
+    status["currentAttempt"]["placement"] = [{"slice": 0, "nodePool": "pool-0"}]
+    job = hung_job(1, status=status)
+    pods = [pod(job, 1, 0, w) for w in range(2)]
+    result = plan(observed(job, pods, heartbeat=beat()), now=at(41))
+    assert result.fence_attempt == 2
+    assert sorted(r.name for r in result.rejoin_pods) == ["train-1-0-0", "train-1-0-1"]
+    order = contract.parse_rejoin(result.rejoin_pods[0].order)
+    assert order == contract.Rejoin(
+        attempt=2, coordinator="train-1-0-0.train.team.svc.cluster.local"
+    )
+    assert not [o for o in result.create if o["kind"] == "Pod"]
+    assert result.delete_pods == ()
+    assert result.status.current_attempt.launched_time == at(41)

@@ -55,7 +55,7 @@ def test_template_fields_are_on_every_worker_pod_beside_the_operators() -> None:
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
     mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
-    assert mounts == {"/tmp": "tmp", "/dev/shm": "shm"}
+    assert mounts == {"/tmp": "tmp", "/var/run/tpujob": "tpujob-rejoin", "/dev/shm": "shm"}
     assert "hostNetwork" not in spec
 
 
