@@ -62,12 +62,14 @@ default_images=(operator trainer-cpu trainer-tpu)
 tar_excludes=(--exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' --exclude=build
   --exclude=.mypy_cache --exclude=.ruff_cache --exclude=.pytest_cache)
 
-# A tar of PATHS under DIR that depends only on their names, contents and modes.
+# A tar of PATHS under DIR that depends only on their names, contents and whether they are
+# executable: not on times, owners or the umask of the checkout (which would change the hash,
+# and Docker's layer cache, from one clone to the next).
 stable_tar() {
   local dir=$1
   shift
   tar -c -C "$dir" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 \
-    "${tar_excludes[@]}" "$@"
+    --mode=u=rwX,go=rX "${tar_excludes[@]}" "$@"
 }
 
 # ---------------------------------------------------------------------------------------------
