@@ -1,0 +1,164 @@
+"""A hang recovered in place against the same hang recovered by replacing every pod.
+
+One local cluster (`tpujob local up`, three two-host tpu-v4-podslice 2x2x2 pools) and one
+operator run both arms, alternately, `--repeats` times each, in their own namespaces:
+
+* `in-place`: a one-slice job of the real CPU JAX trainer whose worker 1 hangs at step 30 of
+  attempt 1; the operator sees the stalled heartbeat and every trainer restarts as attempt 2 in
+  the pod it ran in (the rejoin order);
+* `replace`: the same job with the trainer told not to run under its supervisor
+  (`--no-rejoin`), so the same hang deletes both pods and creates two new ones, as before.
+
+For each run: the recovery, from the moment the operator saw the hang to attempt 2's first
+step (`status.attemptHistory`: attempt 1's `ended` to attempt 2's `firstHeartbeat`), which holds
+pod deletion, scheduling and start (replace only), process start, JAX start-up, compile and
+restore. Detection (the stall timeout, 30 s) is the same in both arms and not counted.
+
+The limit beside them, measured on the same machine in the same run: a trainer process started
+by hand on the checkpoint folder of a finished run, from its start to its first step (process
+start, JAX start-up, restore, compile from the job's compilation cache): what a restart in
+place cannot go below without keeping the process itself.
+
+Writes bench/results/in_place.json. Needs root (pod network namespaces) and the binaries of
+`make binaries`.
+
+    python bench/bench_in_place.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "bench")]
+
+from bench_recovery import Bench, until  # noqa: E402
+
+from tpujob.api import GROUP, PLURAL, VERSION, contract  # noqa: E402
+
+HANG = "hang@30:worker=1:attempt=1"
+STEPS = 80
+ARMS = {"in-place": [], "replace": ["--no-rejoin"]}
+FIRST_STEP = re.compile(r"step (\d+)/")
+
+
+def one_run(bench: Bench, arm: str, i: int) -> dict[str, Any]:
+    ns = bench.namespace(f"inplace-{arm}-{i}")
+    bench.job(ns, "run", steps=STEPS, args=["--log-every", "1", "--fault", HANG, *ARMS[arm]])
+    status = until(
+        lambda: (s := bench.status(ns, "run")).get("phase") in ("Succeeded", "Failed") and s,
+        600,
+        interval=1.0,
+    )
+    history = {r["attempt"]: r for r in status.get("attemptHistory", [])}
+    failure = status.get("lastFailure") or {}
+    result = {
+        "phase": status.get("phase"),
+        "code": failure.get("code"),
+        "action": failure.get("action"),
+        "restarts": (status.get("restarts") or {}).get("total"),
+    }
+    if 1 in history and 2 in history and history[2].get("firstHeartbeat") is not None:
+        result["recovery_seconds"] = round(history[2]["firstHeartbeat"] - history[1]["ended"], 2)
+    bench.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "run")
+    return result
+
+
+def limit_run(checkpoints: Path) -> float:
+    """Seconds from a trainer process's start to its first step, resumed from `checkpoints`."""
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        contract.ENV_JAX_COMPILATION_CACHE_DIR: str(
+            checkpoints / contract.COMPILATION_CACHE_FOLDER
+        ),
+        "PYTHONPATH": str(ROOT / "trainer_image"),
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "ckpt"
+        subprocess.run(["cp", "-a", str(checkpoints), str(copy)], check=True)
+        env[contract.ENV_JAX_COMPILATION_CACHE_DIR] = str(copy / contract.COMPILATION_CACHE_FOLDER)
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tpujob_trainer",
+                "--steps",
+                str(STEPS + 5),
+                "--batch-size",
+                "16",
+                "--log-every",
+                "1",
+                "--checkpoint-dir",
+                str(copy),
+                "--no-rejoin",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if FIRST_STEP.search(line):
+                elapsed = time.monotonic() - start
+                break
+        else:
+            raise RuntimeError("the trainer ended before its first step")
+        proc.kill()
+        proc.wait()
+    return round(elapsed, 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "in_place.json")
+    args = parser.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="tpujob-bench-inplace-"))
+    bench = Bench(state)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    limits: list[float] = []
+    try:
+        for i in range(args.repeats):
+            for arm in ARMS:
+                runs[arm].append(one_run(bench, arm, i))
+                print(arm, i, runs[arm][-1], file=sys.stderr, flush=True)
+            limits.append(limit_run(bench.checkpoints / f"inplace-in-place-{i}" / "run"))
+    finally:
+        bench.close()
+    medians = {
+        arm: statistics.median(r["recovery_seconds"] for r in rs if "recovery_seconds" in r)
+        for arm, rs in runs.items()
+        if any("recovery_seconds" in r for r in rs)
+    }
+    out = {
+        "hang": HANG,
+        "stall_timeout_seconds": 30,
+        "runs": runs,
+        "limit_runs_seconds": limits,
+        "median_recovery_seconds": medians,
+        "median_limit_seconds": statistics.median(limits) if limits else None,
+        "ratio_in_place_to_replace": round(medians["in-place"] / medians["replace"], 3)
+        if len(medians) == 2
+        else None,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
