@@ -40,6 +40,10 @@ LABEL org.opencontainers.image.title="tpujob-operator" \
       org.opencontainers.image.source="https://github.com/tpujob/tpujob" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/venv /opt/venv
+# A name for uid 65532: kopf names the replica after the user when POD_ID is not set (outside
+# the chart), and getpass fails for a uid without one.
+RUN useradd --uid 65532 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin \
+      tpujob
 # No .pyc writes (the root filesystem is read-only), unbuffered logs, and a writable HOME
 # for libraries that cache under it.
 ENV PATH=/opt/venv/bin:$PATH \
