@@ -16,7 +16,7 @@
 # Everything is cached per machine, by content, under $TPUJOB_IMAGE_CACHE:
 #   base/KEY.tar       the base root file system, KEY = hash of the base recipe below
 #   wheels/NAME-KEY/   a wheelhouse, KEY = hash of the image's lockfiles
-#   context/NAME/      the last build context handed to docker (rebuilt on every real build)
+#   context/NAME/      the build context handed to docker, made for each build and removed after
 # and an image is rebuilt only when the hash of its inputs changed (the Dockerfile, the lockfiles,
 # the source files it copies, the base image and this script), which the image carries as the
 # label dev.tpujob.inputs: a second run with nothing changed builds nothing.
