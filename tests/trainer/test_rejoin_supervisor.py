@@ -173,6 +173,18 @@ def test_an_order_that_is_not_one_is_no_order(tmp_path: Path, text: str) -> None
 
 
 @pytest.mark.parametrize(
+    ("slices", "hold"),
+    [(None, 0.0), ("1", 0.0), ("2", rejoin.HOLD_SECONDS), ("not a number", 0.0)],
+    ids=["unset", "one-slice", "multislice", "garbled"],
+)
+def test_only_a_multislice_job_holds_a_process_that_lost_its_peer(
+    slices: str | None, hold: float
+) -> None:
+    env = {} if slices is None else {"MEGASCALE_NUM_SLICES": slices}
+    assert rejoin.hold_seconds(env) == hold
+
+
+@pytest.mark.parametrize(
     ("env", "wanted"),
     [
         ({}, False),
