@@ -174,10 +174,15 @@ def test_an_order_that_is_not_one_is_no_order(tmp_path: Path, text: str) -> None
 
 @pytest.mark.parametrize(
     ("slices", "hold"),
-    [(None, 0.0), ("1", 0.0), ("2", rejoin.HOLD_SECONDS), ("not a number", 0.0)],
+    [
+        (None, rejoin.ONE_SLICE_HOLD_SECONDS),
+        ("1", rejoin.ONE_SLICE_HOLD_SECONDS),
+        ("2", rejoin.HOLD_SECONDS),
+        ("not a number", rejoin.ONE_SLICE_HOLD_SECONDS),
+    ],
     ids=["unset", "one-slice", "multislice", "garbled"],
 )
-def test_only_a_multislice_job_holds_a_process_that_lost_its_peer(
+def test_a_one_slice_job_holds_a_process_that_lost_its_peer_only_briefly(
     slices: str | None, hold: float
 ) -> None:
     env = {} if slices is None else {"MEGASCALE_NUM_SLICES": slices}

@@ -10,9 +10,9 @@ again with that attempt and coordinator. The operator writes the order only afte
 fenced the checkpoints to that attempt, so the killed child can no longer commit.
 
 A child that ended because it lost a peer (`contract.PEER_LOST_EXIT_CODES`, or aborted by JAX's
-coordination service, which reports a dead peer by SIGABRT) is held in a multislice job: the
-operator is deciding whether this pod is kept, and an order usually follows within seconds (in
-a job of one slice nothing is kept after a lost peer, so nothing is held). Every other end is the
+coordination service, which reports a dead peer by SIGABRT) is held: the operator is deciding
+whether this pod is kept, and an order usually follows within seconds (in a job of one slice
+only briefly, see `hold_seconds`). Every other end is the
 pod's own end at once, so the operator sees a root failure as soon as it happens; so is a hold
 that no order ends within `hold_seconds`. SIGTERM goes to the child (which saves and stops) and
 ends the supervisor with the child's code. Every trainer pod gets the order file: a multislice
@@ -58,6 +58,7 @@ log = logging.getLogger("tpujob_trainer.rejoin")
 # comes first), short enough that a root failure which itself looks like a lost peer (a real
 # collective timeout) is reported late by no more than this.
 HOLD_SECONDS = 30.0
+ONE_SLICE_HOLD_SECONDS = 10.0
 ENV_NUM_SLICES = "MEGASCALE_NUM_SLICES"  # GKE's, set by the operator on every trainer pod
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # A killed process is gone in milliseconds unless it waits in the kernel, where no signal
@@ -218,14 +219,16 @@ def supervise(command: Sequence[str], env: Mapping[str, str]) -> int:
 
 def hold_seconds(env: Mapping[str, str]) -> float:
     """How long a process that lost a peer waits for an order: `HOLD_SECONDS` in a multislice
-    job, where another slice's failure is the usual cause and keeps this one; none in a job of
-    one slice, where no order follows a lost peer (the whole slice is replaced) and a hold
-    would only delay the root failure's report, or hide it behind a hang."""
+    job, where another slice's failure is the usual cause and keeps this one. In a job of one
+    slice only a hang's restart in place sends orders, and then the first peer killed breaks
+    the others' collectives before their own order may have reached them: a short hold
+    (`ONE_SLICE_HOLD_SECONDS`) lets them rejoin, while a real root failure that looks like a
+    lost peer is reported late by no more than that, well within any stall timeout."""
     try:
         slices = int(env.get(ENV_NUM_SLICES) or 1)
     except ValueError:
         slices = 1
-    return HOLD_SECONDS if slices > 1 else 0.0
+    return HOLD_SECONDS if slices > 1 else ONE_SLICE_HOLD_SECONDS
 
 
 def wanted(env: Mapping[str, str]) -> bool:
