@@ -76,18 +76,15 @@ def one_run(bench: Bench, arm: str, i: int) -> dict[str, Any]:
 
 def limit_run(checkpoints: Path) -> float:
     """Seconds from a trainer process's start to its first step, resumed from `checkpoints`."""
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        contract.ENV_JAX_COMPILATION_CACHE_DIR: str(
-            checkpoints / contract.COMPILATION_CACHE_FOLDER
-        ),
-        "PYTHONPATH": str(ROOT / "trainer_image"),
-    }
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "ckpt"
         subprocess.run(["cp", "-a", str(checkpoints), str(copy)], check=True)
-        env[contract.ENV_JAX_COMPILATION_CACHE_DIR] = str(copy / contract.COMPILATION_CACHE_FOLDER)
+        env = {
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": str(ROOT / "trainer_image"),
+            contract.ENV_JAX_COMPILATION_CACHE_DIR: str(copy / contract.COMPILATION_CACHE_FOLDER),
+        }
         start = time.monotonic()
         proc = subprocess.Popen(
             [

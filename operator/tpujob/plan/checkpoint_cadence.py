@@ -43,6 +43,7 @@ def young_daly(save_seconds: float, mtbf_seconds: float) -> float:
 class Cadence:
     """The configured interval and the optimum, in seconds of training, with what they rest on."""
 
+    interval_steps: int
     interval_seconds: float
     optimum_seconds: float
     save_seconds: float
@@ -71,6 +72,7 @@ def cadence(obs: Observed, parts: GoodputBreakdown) -> Cadence | None:
     failures = job.status.restarts.total
     mtbf = parts.wall_seconds / max(1, failures)
     return Cadence(
+        interval_steps=checkpoint.interval_steps,
         interval_seconds=checkpoint.interval_steps / rate,
         optimum_seconds=young_daly(save, mtbf),
         save_seconds=save,
@@ -85,10 +87,9 @@ def say_checkpoint_cadence(obs: Observed, draft: Draft, parts: GoodputBreakdown)
     found = cadence(obs, parts)
     if found is None:
         return
-    interval = obs.job.spec.checkpoint.interval_steps if obs.job.spec.checkpoint else 0
     basis = (
-        f"saving every {interval} steps (~{_duration(found.interval_seconds)} of training) "
-        f"costs {found.save_seconds:.2f}s a save; "
+        f"saving every {found.interval_steps} steps (~{_duration(found.interval_seconds)} of "
+        f"training) costs {found.save_seconds:.2f}s a save; "
     )
     if found.failures:
         basis += (
@@ -101,35 +102,20 @@ def say_checkpoint_cadence(obs: Observed, draft: Draft, parts: GoodputBreakdown)
         f"the Young/Daly optimum is ~{_duration(found.optimum_seconds)}"
         f"{' or more' if not found.failures else ''} (about {found.optimum_steps} steps)"
     )
+    set_it = f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about {found.optimum_steps}"
     if found.ratio < 1 / FAR:
-        draft.condition(
-            ConditionType.CHECKPOINT_CADENCE,
-            False,
-            ConditionReason.SAVES_TOO_OFTEN,
-            f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about {found.optimum_steps}",
-        )
+        verdict, reason, message = False, ConditionReason.SAVES_TOO_OFTEN, set_it
     elif found.failures and found.ratio > FAR:
-        draft.condition(
-            ConditionType.CHECKPOINT_CADENCE,
-            False,
-            ConditionReason.SAVES_TOO_RARELY,
-            f"{basis}: {optimum}; set spec.checkpoint.intervalSteps to about {found.optimum_steps}",
-        )
+        verdict, reason, message = False, ConditionReason.SAVES_TOO_RARELY, set_it
     elif found.failures:
-        draft.condition(
-            ConditionType.CHECKPOINT_CADENCE,
-            True,
-            ConditionReason.NEAR_OPTIMUM,
-            f"{basis}: {optimum}",
-        )
+        verdict, reason, message = True, ConditionReason.NEAR_OPTIMUM, f"{basis}: {optimum}"
     else:
-        draft.condition(
-            ConditionType.CHECKPOINT_CADENCE,
-            True,
-            ConditionReason.NO_FAILURE_YET,
+        verdict, reason = True, ConditionReason.NO_FAILURE_YET
+        message = (
             f"{basis}: {optimum}, so saves are not too frequent; whether they are too rare "
-            "shows once a failure does",
+            "shows once a failure does"
         )
+    draft.condition(ConditionType.CHECKPOINT_CADENCE, verdict, reason, message)
 
 
 def _duration(seconds: float) -> str:
