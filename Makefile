@@ -108,6 +108,14 @@ e2e-kind:
 images:
 	hack/build-images.sh
 
+# The kind node image and kind itself, with no registry: systemd, containerd and runc from
+# Debian's packages, Kubernetes and every image the cluster runs from the Go modules pinned under
+# tools/ (hack/kind-node-image.sh, docs/kind.md); cached per machine by versions. The image's
+# name is the last line printed.
+.PHONY: kind-node-image
+kind-node-image:
+	hack/kind-node-image.sh
+
 clean:
 	rm -rf $(VENV) .state
 
