@@ -5,9 +5,12 @@
 # It runs as uid 65532 with a read-only root filesystem; the chart mounts /tmp as an emptyDir,
 # the only place anything is written.
 
-# Any image with Python 3.11 as python3 (the public python:3.11-slim, or Debian bookworm's own
-# python3, which `make images` uses).
-ARG BASE_IMAGE=python:3.11-slim
+# Any image with Python 3.11 as python3. The default is the public python:3.11.14-slim-bookworm,
+# pinned by the digest of its multi-architecture index, so that a rebuild anywhere starts from
+# the same files (renew it with `docker buildx imagetools inspect python:3.11-slim-bookworm`,
+# the "Digest:" line). `make images` builds on Debian bookworm's own python3 instead (a base
+# made with debootstrap from a fixed recipe), or on BASE_IMAGE when it is set.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -27,9 +30,13 @@ RUN set -eu; \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-# The operator itself, without dependencies (all locked above). Bytecode is compiled here: the
-# running container cannot write it, and would otherwise recompile in memory on every start.
-RUN /opt/build/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /dist . \
+# The operator itself, without dependencies (all locked above), and without what only a
+# developer's machine runs: `tpujob local` (a cluster of local processes, with fault injection)
+# and the demo built on it; `tpujob local` then says it is not in this build. Bytecode is
+# compiled here: the running container cannot write it, and would otherwise recompile in memory
+# on every start.
+RUN rm -r operator/tpujob/local operator/tpujob/demo.py \
+    && /opt/build/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /dist . \
     && /opt/build/bin/pip --python /opt/venv/bin/python install --quiet --no-deps --no-index \
       /dist/*.whl \
     && /opt/venv/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/venv/lib

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Builds the project's container images with no container registry (`make images`):
 #
-#   operator     Dockerfile                  REGISTRY/tpujob-operator:VERSION
-#   trainer-cpu  trainer_image/Dockerfile.cpu REGISTRY/tpujob-trainer-cpu:VERSION
-#   trainer-tpu  trainer_image/Dockerfile     REGISTRY/tpujob-trainer:VERSION
+#   operator     Dockerfile                            REGISTRY/tpujob-operator:VERSION
+#   trainer-cpu  trainer_image/Dockerfile VARIANT=cpu  REGISTRY/tpujob-trainer-cpu:VERSION
+#   trainer-tpu  trainer_image/Dockerfile VARIANT=tpu  REGISTRY/tpujob-trainer:VERSION
 #
 # The base is Debian bookworm (python3 3.11) made here with debootstrap and `docker import`ed, so
 # nothing is pulled. Python packages are the ones pinned, with their hashes, in the lockfiles
 # (requirements/*.lock, trainer_image/requirements/*.lock): their wheels are downloaded once into
 # a wheelhouse, handed to the build in its context, and installed with --no-index, in a build
 # run with no network at all. The Dockerfiles themselves still build anywhere with
-# `docker build` and the public python:3.11-slim base (they fetch the same hashed wheels from
-# PyPI then).
+# `docker build` and their default base, the public python:3.11 slim image pinned by digest
+# (they fetch the same hashed wheels from PyPI then).
 #
 # Everything is cached per machine, by content, under $TPUJOB_IMAGE_CACHE:
 #   base/KEY.tar       the base root file system, KEY = hash of the base recipe below
@@ -21,13 +21,21 @@
 # the source files it copies, the base image and this script), which the image carries as the
 # label dev.tpujob.inputs: a second run with nothing changed builds nothing.
 #
+# Each image built is then checked, run as its pods run it (its own user, a read-only root file
+# system, no network): the operator answers --version and `diagnose --help` and holds no
+# `tpujob local` (the local cluster and its fault injection, which the operator image leaves
+# out); the CPU trainer trains and checkpoints a few steps; the TPU trainer imports jax, libtpu,
+# gcsfs and orbax.
+#
 # Usage:
-#   hack/build-images.sh [IMAGE...]   build (default: operator trainer-cpu trainer-tpu)
-#   hack/build-images.sh lock         re-resolve the lockfiles (uv; to the versions in .venv)
+#   hack/build-images.sh [IMAGE...]        build (default: operator trainer-cpu trainer-tpu)
+#   hack/build-images.sh check [IMAGE...]  check the images already built
+#   hack/build-images.sh lock              re-resolve the lockfiles (uv; to the versions in .venv)
 # Environment:
 #   IMAGE_REGISTRY  default ghcr.io/tpujob, the names the chart and the examples use
 #   IMAGE_TAG       default the version in pyproject.toml (the chart's appVersion)
-#   BASE_IMAGE      a base to use instead of the local Debian one (e.g. python:3.11-slim)
+#   BASE_IMAGE      a base to use instead of the local Debian one (e.g. the Dockerfiles'
+#                   default, python:3.11.14-slim-bookworm@sha256:...)
 #   DEBIAN_MIRROR   default http://deb.debian.org/debian
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,11 +58,12 @@ log() { printf '== %s\n' "$*" >&2; }
 die() { printf 'build-images: %s\n' "$*" >&2; exit 1; }
 sha() { sha256sum | cut -c1-64; }
 
-# name -> "dockerfile|context|image|lockfiles (space separated)|source paths (in the context)"
+# name -> "dockerfile|context|image|lockfiles (space separated)|source paths (in the context)|
+#          build arguments (space separated)"
 declare -A images=(
-  [operator]="Dockerfile|.|tpujob-operator|requirements/build.lock requirements/operator.lock|pyproject.toml README.md operator"
-  [trainer-cpu]="trainer_image/Dockerfile.cpu|trainer_image|tpujob-trainer-cpu|trainer_image/requirements/build.lock trainer_image/requirements/cpu.lock|pyproject.toml README.md tpujob_trainer"
-  [trainer-tpu]="trainer_image/Dockerfile|trainer_image|tpujob-trainer|trainer_image/requirements/build.lock trainer_image/requirements/tpu.lock|pyproject.toml README.md tpujob_trainer"
+  [operator]="Dockerfile|.|tpujob-operator|requirements/build.lock requirements/operator.lock|pyproject.toml README.md operator|"
+  [trainer-cpu]="trainer_image/Dockerfile|trainer_image|tpujob-trainer-cpu|trainer_image/requirements/build.lock trainer_image/requirements/cpu.lock|pyproject.toml README.md tpujob_trainer|VARIANT=cpu"
+  [trainer-tpu]="trainer_image/Dockerfile|trainer_image|tpujob-trainer|trainer_image/requirements/build.lock trainer_image/requirements/tpu.lock|pyproject.toml README.md tpujob_trainer|VARIANT=tpu"
 )
 default_images=(operator trainer-cpu trainer-tpu)
 
@@ -181,19 +190,23 @@ wheelhouse() {
 # One image.
 
 build_one() {
-  local name=$1 base=$2 spec dockerfile context image locks sources key ref found wheels ctx
+  local name=$1 base=$2 spec dockerfile context image locks sources args key ref found wheels ctx
+  local arg build_args=()
   spec=${images[$name]:-}
   [[ -n $spec ]] || die "unknown image $name (known: ${!images[*]})"
-  IFS='|' read -r dockerfile context image locks sources <<<"$spec"
+  IFS='|' read -r dockerfile context image locks sources args <<<"$spec"
   ref=$registry/$image:$tag
   read -ra locks <<<"$locks"
   read -ra sources <<<"$sources"
+  read -ra args <<<"$args"
+  for arg in "${args[@]}"; do build_args+=(--build-arg "$arg"); done
 
-  # The inputs, hashed: the base (by image id), the tag, this script, the Dockerfile, the
-  # lockfiles and the sources, by content.
+  # The inputs, hashed: the base (by image id), the tag, the build arguments, this script, the
+  # Dockerfile, the lockfiles and the sources, by content.
   key=$( {
     docker image inspect -f '{{.Id}}' "$base"
     echo "$ref"
+    echo "${args[*]}"
     cat "$0"
     stable_tar . "$dockerfile" "${locks[@]}" "${sources[@]/#/$context/}"
   } | sha)
@@ -202,6 +215,7 @@ build_one() {
     log "$ref: up to date"
     return
   fi
+  built+=("$name")
   found=$(docker image ls -q --filter "label=dev.tpujob.inputs=$key" | head -n1)
   if [[ -n $found ]]; then
     log "$ref: tagging the image already built from these inputs"
@@ -220,9 +234,43 @@ build_one() {
   cp -al "$wheels" "$ctx/.wheels" 2>/dev/null || cp -a "$wheels" "$ctx/.wheels"
 
   log "$ref: building"
-  docker build --network none --build-arg "BASE_IMAGE=$base" \
+  docker build --network none --build-arg "BASE_IMAGE=$base" "${build_args[@]}" \
     --label "dev.tpujob.inputs=$key" -t "$ref" "$ctx" >&2
   rm -rf "$ctx"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Checks: each image run as its pods run it.
+
+check_one() {
+  local name=$1 image ref out run=(docker run --rm --read-only --tmpfs /tmp --network none)
+  [[ -n ${images[$name]:-} ]] || die "unknown image $name (known: ${!images[*]})"
+  IFS='|' read -r _ _ image _ <<<"${images[$name]}"
+  ref=$registry/$image:$tag
+  log "$ref: checking"
+  case $name in
+    operator)
+      "${run[@]}" "$ref" --version >&2 || die "$ref: tpujob --version failed"
+      "${run[@]}" "$ref" diagnose --help >/dev/null || die "$ref: tpujob diagnose --help failed"
+      if "${run[@]}" --entrypoint python "$ref" -c 'import tpujob.local' 2>/dev/null; then
+        die "$ref: holds tpujob.local, which the operator image leaves out"
+      fi
+      if out=$("${run[@]}" "$ref" local up 2>&1) || [[ $out != *"not in this build"* ]]; then
+        die "$ref: \`tpujob local\` does not say it is not in this build: $out"
+      fi
+      ;;
+    trainer-cpu)
+      out=$("${run[@]}" --tmpfs /ckpt:uid=1000,gid=1000 "$ref" --steps 20 --batch-size 32 \
+        --log-every 10 --checkpoint-dir /ckpt --checkpoint-interval 10 2>&1) \
+        || die "$ref: the trainer failed: $out"
+      [[ $out == *"checkpoint step 20 committed"* ]] || die "$ref: no checkpoint at step 20: $out"
+      ;;
+    trainer-tpu)
+      "${run[@]}" --entrypoint python "$ref" \
+        -c 'import jax, libtpu, gcsfs, orbax.checkpoint, tpujob_trainer' \
+        || die "$ref: the trainer's packages do not import"
+      ;;
+  esac
 }
 
 main() {
@@ -232,10 +280,19 @@ main() {
   fi
   command -v docker >/dev/null || die "docker is needed"
   docker info >/dev/null 2>&1 || die "the Docker daemon is not running"
-  local names=("$@") base name
+  local names base name built=()
+  if [[ ${1:-} == check ]]; then
+    shift
+    names=("$@")
+    ((${#names[@]})) || names=("${default_images[@]}")
+    for name in "${names[@]}"; do check_one "$name"; done
+    return
+  fi
+  names=("$@")
   ((${#names[@]})) || names=("${default_images[@]}")
   base=$(base_image)
   for name in "${names[@]}"; do build_one "$name" "$base"; done
+  for name in "${built[@]}"; do check_one "$name"; done
   for name in "${names[@]}"; do
     IFS='|' read -r _ _ image _ <<<"${images[$name]}"
     docker image ls --format '{{.Repository}}:{{.Tag}}  {{.ID}}  {{.Size}}' "$registry/$image:$tag"

@@ -52,9 +52,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if (only is not None and name != only) or module_name in seen:
             continue
         seen.add(module_name)
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            # The operator image leaves out `tpujob local` (a cluster with fault injection).
+            if not err.name or not f"{module_name}.".startswith(f"{err.name}."):
+                raise
+            absent = subparsers.add_parser(name, help="(not in this build of tpujob)")
+            absent.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            absent.set_defaults(handler=_not_in_this_build(name))
+            continue
         module.register(subparsers)
     return parser
+
+
+def _not_in_this_build(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(_: argparse.Namespace) -> int:
+        raise CommandError(
+            f"`tpujob {name}` is not in this build (the operator image leaves it out); "
+            "install tpujob from a checkout of the repository to use it"
+        )
+
+    return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
