@@ -108,6 +108,13 @@ e2e-kind:
 images:
 	hack/build-images.sh
 
+# The images pushed to REGISTRY (e.g. us-docker.pkg.dev/PROJECT/REPO) as REGISTRY/NAME:VERSION,
+# and the chart's values naming the operator's by its pushed digest in dist/values-release.yaml
+# (hack/release.sh; hack/release-check.sh proves it against a registry on the loopback address).
+.PHONY: release
+release:
+	REGISTRY="$(REGISTRY)" hack/release.sh
+
 # The kind node image and kind itself, with no registry: systemd, containerd and runc from
 # Debian's packages, Kubernetes and every image the cluster runs from the Go modules pinned under
 # tools/ (hack/kind-node-image.sh, docs/kind.md); cached per machine by versions. The image's

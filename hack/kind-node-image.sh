@@ -277,8 +277,10 @@ node_image() {
   printf '%s\n' "FROM $base" "COPY root/ /" \
     "RUN systemctl enable containerd.service kubelet.service \\" \
     " && systemctl mask getty.target console-getty.service systemd-udevd.service \\" \
-    "      systemd-modules-load.service systemd-remount-fs.service \\" \
-    " && systemctl set-default multi-user.target && : >/etc/machine-id" >"$ctx/Dockerfile"
+    "      systemd-modules-load.service systemd-remount-fs.service apt-daily.timer \\" \
+    "      apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer e2scrub_reap.service \\" \
+    " && systemctl set-default multi-user.target \\" \
+    " && : >/etc/machine-id && ln -sf /etc/machine-id /var/lib/dbus/machine-id" >"$ctx/Dockerfile"
   # The node's name: the Kubernetes version and the hash of every input (the base, the files,
   # the binaries, and the images to preload, by id).
   key=$( {
