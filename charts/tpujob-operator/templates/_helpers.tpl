@@ -35,4 +35,5 @@ app.kubernetes.io/part-of: tpujob
 {{- define "tpujob-operator.image" -}}
 {{- /* `--set image.tag=20261130` arrives as an integer (helm keeps 1.10 a string). */}}
 {{- printf "%s:%s" .Values.image.repository (toString (default .Chart.AppVersion .Values.image.tag)) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
