@@ -1,28 +1,31 @@
-"""A hang recovered in place against the same hang recovered by replacing every pod.
+"""A failure recovered in place against the same failure recovered by replacing every pod.
 
 One local cluster (`tpujob local up`, three two-host tpu-v4-podslice 2x2x2 pools) and one
 operator run both arms, alternately, `--repeats` times each, in their own namespaces:
 
-* `in-place`: a one-slice job of the real CPU JAX trainer whose worker 1 hangs at step 30 of
-  attempt 1; the operator sees the stalled heartbeat and every trainer restarts as attempt 2 in
-  the pod it ran in (the rejoin order);
+* `in-place`: a one-slice job of the real CPU JAX trainer whose worker 1 fails at step 30 of
+  attempt 1 (`--fault hang`: it hangs, and the operator sees the stalled heartbeat; `--fault
+  crash`: its training process kills itself with SIGKILL, and its supervisor reports the end on
+  the heartbeat Lease and holds the pod); every trainer restarts as attempt 2 in the pod it ran
+  in (the rejoin order);
 * `replace`: the same job with the trainer told not to run under its supervisor
-  (`--no-rejoin`), so the same hang deletes both pods and creates two new ones, as before.
+  (`--no-rejoin`), so the same failure deletes both pods and creates two new ones, as before.
 
-For each run: the recovery, from the moment the operator saw the hang to attempt 2's first
+For each run: the recovery, from the moment the operator saw the failure to attempt 2's first
 step (`status.attemptHistory`: attempt 1's `ended` to attempt 2's `firstHeartbeat`), which holds
 pod deletion, scheduling and start (replace only), process start, JAX start-up, compile and
-restore. Detection (the stall timeout, 30 s) is the same in both arms and not counted.
+restore. Detection (the stall timeout of a hang, 30 s; the report or the pod's end after a
+crash) is not counted.
 
 The limit beside them, measured on the same machine in the same run: a trainer process started
 by hand on the checkpoint folder of a finished run, from its start to its first step (process
 start, JAX start-up, restore, compile from the job's compilation cache): what a restart in
 place cannot go below without keeping the process itself.
 
-Writes bench/results/in_place.json. Needs root (pod network namespaces) and the binaries of
-`make binaries`.
+Writes bench/results/in_place.json (a hang) or in_place_crash.json. Needs root (pod network
+namespaces) and the binaries of `make binaries`.
 
-    python bench/bench_in_place.py --repeats 3
+    python bench/bench_in_place.py --repeats 3 [--fault crash]
 """
 
 from __future__ import annotations
@@ -46,15 +49,15 @@ from bench_recovery import Bench, until  # noqa: E402
 
 from tpujob.api import GROUP, PLURAL, VERSION, contract  # noqa: E402
 
-HANG = "hang@30:worker=1:attempt=1"
+FAULTS = {"hang": "hang@30:worker=1:attempt=1", "crash": "crash@30:worker=1:attempt=1"}
 STEPS = 80
 ARMS = {"in-place": [], "replace": ["--no-rejoin"]}
 FIRST_STEP = re.compile(r"step (\d+)/")
 
 
-def one_run(bench: Bench, arm: str, i: int) -> dict[str, Any]:
+def one_run(bench: Bench, fault: str, arm: str, i: int) -> dict[str, Any]:
     ns = bench.namespace(f"inplace-{arm}-{i}")
-    bench.job(ns, "run", steps=STEPS, args=["--log-every", "1", "--fault", HANG, *ARMS[arm]])
+    bench.job(ns, "run", steps=STEPS, args=["--log-every", "1", "--fault", fault, *ARMS[arm]])
     status = until(
         lambda: (s := bench.status(ns, "run")).get("phase") in ("Succeeded", "Failed") and s,
         600,
@@ -121,8 +124,12 @@ def limit_run(checkpoints: Path) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "in_place.json")
+    parser.add_argument("--fault", choices=sorted(FAULTS), default="hang")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    fault = FAULTS[args.fault]
+    name = "in_place.json" if args.fault == "hang" else f"in_place_{args.fault}.json"
+    out_path: Path = args.out or ROOT / "bench" / "results" / name
     state = Path(tempfile.mkdtemp(prefix="tpujob-bench-inplace-"))
     bench = Bench(state)
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
@@ -130,7 +137,7 @@ def main() -> int:
     try:
         for i in range(args.repeats):
             for arm in ARMS:
-                runs[arm].append(one_run(bench, arm, i))
+                runs[arm].append(one_run(bench, fault, arm, i))
                 print(arm, i, runs[arm][-1], file=sys.stderr, flush=True)
             limits.append(limit_run(bench.checkpoints / f"inplace-in-place-{i}" / "run"))
     finally:
@@ -141,7 +148,7 @@ def main() -> int:
         if any("recovery_seconds" in r for r in rs)
     }
     out = {
-        "hang": HANG,
+        "fault": fault,
         "stall_timeout_seconds": 30,
         "runs": runs,
         "limit_runs_seconds": limits,
@@ -151,8 +158,8 @@ def main() -> int:
         if len(medians) == 2
         else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=2))
     return 0
 

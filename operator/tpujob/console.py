@@ -253,6 +253,13 @@ def describe_lines(
             "  placement  "
             + ", ".join(f"slice {p.slice} on {p.node_pool}" for p in st.current_attempt.placement)
         )
+    if job.spec.tpu.spares or st.spares:
+        held = ", ".join(
+            f"{escape(s.node_pool)} ({'ready' if s.ready else 'starting'})" for s in st.spares
+        )
+        lines.append(
+            f"  spares     {len(st.spares)} of {job.spec.tpu.spares}: {held or 'none free'}"
+        )
     lines += false_conditions(job)
     lf = st.last_failure
     if lf is not None:

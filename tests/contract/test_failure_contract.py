@@ -134,3 +134,61 @@ def test_a_step_no_status_could_hold_reads_as_absent(step: int) -> None:
 def test_the_largest_step_a_status_holds_reads_back() -> None:
     parsed = parse_termination_message(encode_termination_message(message(step=2**63 - 1)))
     assert parsed is not None and parsed.step == 2**63 - 1
+
+
+REPORT = contract.FailureReport(
+    attempt=3,
+    job_uid="uid-1",
+    exit_code=137,
+    signal=9,
+    reason="OOMKilled",
+    message=encode_termination_message(message()),
+    at="2026-01-01T00:00:00Z",
+)
+
+
+def test_a_failure_report_reads_back_as_written() -> None:
+    assert contract.parse_failure_report(contract.encode_failure_report(REPORT)) == REPORT
+
+
+def test_a_lost_peers_report_keeps_its_code_and_drops_the_traceback() -> None:
+    lost = replace(
+        REPORT,
+        exit_code=int(ExitCode.COLLECTIVE_FAILURE),
+        signal=None,
+        message=encode_termination_message(message(traceback="x" * 3000)),
+    )
+    text = contract.encode_failure_report(lost)
+    parsed = contract.parse_failure_report(text)
+    assert parsed is not None
+    inner = parse_termination_message(parsed.message)
+    assert inner is not None and inner.code == "COLLECTIVE_FAILURE" and inner.traceback == ""
+    assert len(parsed.message.encode()) <= contract.MAX_PEER_LOST_MESSAGE_BYTES
+
+
+def test_a_long_free_text_message_keeps_its_tail() -> None:
+    text = contract.encode_failure_report(replace(REPORT, message="a" * 9000 + "THE END"))
+    parsed = contract.parse_failure_report(text)
+    assert parsed is not None and parsed.message.endswith("THE END")
+    assert len(text.encode()) <= contract.MAX_FAILURE_REPORT_BYTES
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "not json",
+        "[]",
+        '{"attempt":0,"jobUid":"u","exitCode":1,"signal":null,"reason":"E","message":"","at":""}',
+        '{"attempt":true,"jobUid":"u","exitCode":1,"signal":null,"reason":"E","message":"","at":""}',
+        '{"attempt":1,"jobUid":"u","exitCode":1e400,"signal":null,"reason":"E","message":"","at":""}',
+        '{"attempt":1,"jobUid":"u","exitCode":1,"signal":99,"reason":"E","message":"","at":""}',
+        '{"attempt":1,"jobUid":7,"exitCode":1,"signal":null,"reason":"E","message":"","at":""}',
+        '{"attempt":1,"jobUid":"u","exitCode":1,"signal":null,"reason":"E","message":"'
+        + "x" * 9000
+        + '","at":""}',
+    ],
+)
+def test_a_failure_report_that_is_not_one_is_none(text: str | None) -> None:
+    assert contract.parse_failure_report(text) is None

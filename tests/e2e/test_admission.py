@@ -119,6 +119,13 @@ REFUSED: list[tuple[str, Mutation, str, str]] = [
     ("topology-too-long", put("spec.tpu.topology", "4x4x4x4x4x4x4x4x4"), "spec.tpu.topology", "16"),
     ("zero-slices", put("spec.tpu.slices", 0), "spec.tpu.slices", "greater than or equal to 1"),
     ("too-many-slices", put("spec.tpu.slices", 65), "spec.tpu.slices", "less than or equal to 64"),
+    ("too-many-spares", put("spec.tpu.spares", 5), "spec.tpu.spares", "less than or equal to 4"),
+    (
+        "spares-with-autoscale",
+        both(put("spec.tpu.spares", 1), put("spec.tpu.provisioning", "Autoscale")),
+        "spec.tpu.spares",
+        "spares needs provisioning ExistingPools",
+    ),
     (
         "multislice-on-single-host-v4",
         put("spec.tpu.topology", "2x2x1"),

@@ -4,7 +4,8 @@ A slice restart: two slices, one worker killed. Only the failed slice's pods are
 healthy slice's pods stay (same uids, same nodes), their trainers restart in place as the new
 attempt when the operator's rejoin order reaches them through the downward API, and all four
 processes resume from the checkpoint. A hang: one slice, one worker hung; every trainer
-restarts as the next attempt in the pod it ran in, and no pod is deleted or created.
+restarts as the next attempt in the pod it ran in, and no pod is deleted or created. So does a
+training process that died: its supervisor reports it on the heartbeat Lease and holds the pod.
 """
 
 from __future__ import annotations
@@ -85,12 +86,39 @@ def test_a_hung_worker_restarts_every_trainer_in_its_own_pod(
     assert_recovered(status, soft=1)
     assert status["lastFailure"]["code"] == "HANG"
     assert "every trainer restarted in its pod" in status["lastFailure"]["action"]
+    restarted_in_place(run, pods)
+    resumed_from_checkpoint(run, before.get("checkpointStep"))
+
+
+def restarted_in_place(run: Run, pods: dict[str, tuple[str, str]]) -> None:
+    """Every one of `pods` (name -> uid, node) is the same pod on the same node, its container
+    never restarted, and its trainer rejoined as attempt 2; no other pod exists."""
     now = {p.metadata.name: p for p in run.pods()}
     assert sorted(now) == sorted(pods)  # no pod created, none deleted
     for name, (uid, node) in pods.items():
         pod = now[name]
         assert (pod.metadata.uid, pod.spec.node_name) == (uid, node)
+        assert pod.status.container_statuses[0].restart_count == 0
         order = contract.parse_rejoin(pod.metadata.annotations[contract.POD_REJOIN_ANNOTATION])
         assert order is not None and order.attempt == 2
-        assert "rejoining as attempt 2" in run.core.read_namespaced_pod_log(name, namespace)
+        assert "rejoining as attempt 2" in run.core.read_namespaced_pod_log(name, run.namespace)
+
+
+def test_a_training_process_that_died_restarts_in_its_own_pod(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    # The process kills itself (SIGKILL, as the kernel's OOM killer would); its supervisor,
+    # the pod's main process, reports the end on the Lease and holds the pod.
+    body = training_job("died", tmp_path, steps=60, faults=("crash@30:worker=1:attempt=1",))
+    run = Run(cluster, namespace, operator, body)
+    before = run.wait_training(step=12)
+    pods = {p.metadata.name: (p.metadata.uid, p.spec.node_name) for p in run.pods(1)}
+    assert sorted(pods) == ["died-1-0-0", "died-1-0-1"]
+    status = run.wait_phase("Succeeded")
+    assert_recovered(status, soft=1)
+    assert status["lastFailure"]["pod"] == "died-1-0-1"
+    assert "every trainer restarted in its pod" in status["lastFailure"]["action"]
+    restarted_in_place(run, pods)
+    log = run.core.read_namespaced_pod_log("died-1-0-1", namespace)
+    assert f"reported exit 137 on the Lease as {contract.failure_annotation(0, 1)}" in log
     resumed_from_checkpoint(run, before.get("checkpointStep"))

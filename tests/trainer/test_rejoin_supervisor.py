@@ -45,7 +45,13 @@ time.sleep(60)
 """
 
 
-def supervisor(tmp_path: Path, hold: float = 30.0, **behaviour: str) -> rejoin.Supervisor:
+def supervisor(
+    tmp_path: Path,
+    hold: float = 30.0,
+    reporter: rejoin.Reporter | None = None,
+    reported_hold: float = 30.0,
+    **behaviour: str,
+) -> rejoin.Supervisor:
     (tmp_path / "termination").write_text("")  # the kubelet makes the file before the start
     env = {
         "RECORD": str(tmp_path / "record"),
@@ -56,7 +62,13 @@ def supervisor(tmp_path: Path, hold: float = 30.0, **behaviour: str) -> rejoin.S
         **{f"BEHAVIOUR_{k[1:]}": v for k, v in behaviour.items()},
     }
     return rejoin.Supervisor(
-        [sys.executable, "-c", CHILD], env, tmp_path / "order", hold_seconds=hold, poll_seconds=0.05
+        [sys.executable, "-c", CHILD],
+        env,
+        tmp_path / "order",
+        hold_seconds=hold,
+        poll_seconds=0.05,
+        reporter=reporter,
+        reported_hold_seconds=reported_hold,
     )
 
 
@@ -246,3 +258,52 @@ def test_no_rejoin_is_a_flag_the_trainer_accepts() -> None:
     from tpujob_trainer.config import NO_REJOIN_FLAG, load_config
 
     assert load_config([NO_REJOIN_FLAG, "--steps", "3"], {}).steps == 3
+
+
+class Reports:
+    """A reporter that records what it was given and answers `accept`."""
+
+    def __init__(self, *, accept: bool = True) -> None:
+        self.accept = accept
+        self.seen: list[contract.FailureReport] = []
+
+    def __call__(self, report: contract.FailureReport) -> bool:
+        self.seen.append(report)
+        return self.accept
+
+
+def test_a_reported_root_failure_holds_the_pod_and_an_order_restarts_it_in_place(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    order(tmp_path, 2, "job-1-0-0.job.ns.svc.cluster.local", after=0.5)
+    assert supervisor(tmp_path, hold=0.1, reporter=reports, a1="kill", a2="exit:0").run() == 0
+    assert [r["TPUJOB_ATTEMPT"] for r in records(tmp_path)] == ["1", "2"]
+    (report,) = reports.seen
+    assert (report.attempt, report.exit_code, report.signal) == (1, 137, signal.SIGKILL)
+    assert report.reason == "Error" and report.message == "attempt 1"  # the child's message
+
+
+def test_a_reported_failure_no_order_follows_ends_the_pod_with_the_childs_code(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    code = int(contract.ExitCode.SHAPE_MISMATCH)
+    assert supervisor(tmp_path, reporter=reports, reported_hold=0.3, a1=f"exit:{code}").run() == (
+        code
+    )
+    assert [r.exit_code for r in reports.seen] == [code]
+    assert len(records(tmp_path)) == 1
+
+
+def test_a_report_the_lease_refused_ends_a_root_failure_at_once(tmp_path: Path) -> None:
+    reports = Reports(accept=False)
+    started = time.monotonic()
+    assert supervisor(tmp_path, reporter=reports, reported_hold=30, a1="exit:3").run() == 3
+    assert time.monotonic() - started < 20 and len(reports.seen) == 1
+
+
+def test_a_successful_end_is_never_reported(tmp_path: Path) -> None:
+    reports = Reports()
+    assert supervisor(tmp_path, reporter=reports, a1="exit:0").run() == 0
+    assert reports.seen == []

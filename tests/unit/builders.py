@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tpujob.api import GROUP, KIND, VERSION, contract, labels, parse_job
-from tpujob.observed.views import Observed, heartbeat_view, node_view, pod_view
+from tpujob.observed.views import Observed, heartbeat_view, node_view, pod_view, with_reports
 from tpujob.plan import manifests
 from tpujob.plan.placement import pools_of
 
@@ -187,13 +187,46 @@ def observed(
     heartbeat: dict[str, Any] | None = None,
     logs: dict[str, str] | None = None,
 ) -> Observed:
+    parsed, beat = parse_job(job), heartbeat_view(heartbeat)
     return Observed(
-        job=parse_job(job),
-        pods=tuple(pod_view(p) for p in pods or []),
+        job=parsed,
+        pods=with_reports(
+            [pod_view(p) for p in pods or []],
+            beat,
+            parsed.status.attempt,
+            str(parsed.metadata.get("uid", "")),
+        ),
         nodes={n["metadata"]["name"]: node_view(n) for n in (nodes or cluster())},
-        heartbeat=heartbeat_view(heartbeat),
+        heartbeat=beat,
         log_tails=logs or {},
     )
+
+
+def reported(
+    body: dict[str, Any],
+    slice_index: int,
+    worker: int,
+    *,
+    exit_code: int = 137,
+    at_seconds: float = 10.0,
+    attempt: int = 1,
+    job_uid: str = "job-uid",
+    message: str = "",
+) -> dict[str, Any]:
+    """`body` (a Lease) with a supervisor's report that worker (`slice_index`, `worker`)'s
+    training process ended with `exit_code` at `at_seconds`."""
+    report = contract.FailureReport(
+        attempt=attempt,
+        job_uid=job_uid,
+        exit_code=exit_code,
+        signal=exit_code - 128 if exit_code > 128 else None,
+        reason="Error",
+        message=message,
+        at=iso(at(at_seconds)),
+    )
+    key = contract.failure_annotation(slice_index, worker)
+    body["metadata"]["annotations"][key] = contract.encode_failure_report(report)
+    return body
 
 
 def running_status(

@@ -9,17 +9,20 @@ rejoin order (`contract.ENV_REJOIN_FILE`, which the kubelet keeps equal to the p
 again with that attempt and coordinator. The operator writes the order only after it has
 fenced the checkpoints to that attempt, so the killed child can no longer commit.
 
-A child that ended because it lost a peer (`contract.PEER_LOST_EXIT_CODES`, or aborted by JAX's
-coordination service, which reports a dead peer by SIGABRT) is held: the operator is deciding
-whether this pod is kept, and an order usually follows within seconds (in a job of one slice
-only briefly, see `hold_seconds`). Every other end is the
-pod's own end at once, so the operator sees a root failure as soon as it happens; so is a hold
-that no order ends within `hold_seconds`. SIGTERM goes to the child (which saves and stops) and
-ends the supervisor with the child's code. Every trainer pod gets the order file: a multislice
-job's healthy slices rejoin when another is replaced, and after a hang every pod of a job gets
-an order, so its processes restart in the pods they ran in.
+A child that failed is reported on the job's heartbeat Lease (`tpujob_trainer.failure_report`)
+and the pod is held for `REPORTED_HOLD_SECONDS`: the operator diagnoses the report as it would
+the pod's end and, for a transient failure on a healthy node, orders the process restarted
+here, with no new pod. Where no report can be written, a child that only lost a peer
+(`contract.lost_a_peer`) is held for `hold_seconds` (the operator is deciding whether this pod
+is kept), and every other end is the pod's own end at once, so the operator sees a root failure
+as soon as it happens. A hold that no order ends is the pod's end, with the child's code.
+SIGTERM goes to the child (which saves and stops) and ends the supervisor with the child's
+code. Every trainer pod gets the order file: a multislice job's healthy slices rejoin when
+another is replaced, and after a hang or a reported failure every pod of a job may get an
+order, so its processes restart in the pods they ran in.
 
-Standard library only: it runs before, and around, everything JAX.
+Standard library only (a report loads the kubernetes client when it is sent): it runs before,
+and around, everything JAX.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from tpujob_trainer.contract import (
     Rejoin,
     parse_rejoin,
 )
+from tpujob_trainer.failure_report import Reporter, lease_reporter, oom_kills, report_of
 
 log = logging.getLogger("tpujob_trainer.rejoin")
 
@@ -59,6 +63,10 @@ log = logging.getLogger("tpujob_trainer.rejoin")
 # collective timeout) is reported late by no more than this.
 HOLD_SECONDS = 30.0
 ONE_SLICE_HOLD_SECONDS = 10.0
+# A reported failure waits for the operator's verdict: the Lease's watch event, a diagnosis,
+# the fencing token and the order's way through the pod's downward-API volume, which a kubelet
+# refreshes on its own period (about a minute). Past it, the pod ends as an unreported one.
+REPORTED_HOLD_SECONDS = 90.0
 ENV_NUM_SLICES = "MEGASCALE_NUM_SLICES"  # GKE's, set by the operator on every trainer pod
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # A killed process is gone in milliseconds unless it waits in the kernel, where no signal
@@ -104,6 +112,8 @@ class Supervisor:
     order_file: Path
     hold_seconds: float = HOLD_SECONDS
     poll_seconds: float = POLL_SECONDS
+    reporter: Reporter | None = None
+    reported_hold_seconds: float = REPORTED_HOLD_SECONDS
     # Set by `stop`, which runs in a signal handler: a plain flag, since a handler that takes
     # a lock (threading.Event.set) can deadlock with the code it interrupted.
     _stopping: bool = False
@@ -114,19 +124,22 @@ class Supervisor:
         env = {**self.env, ENV_SUPERVISED: "1"}
         attempt = _attempt(env)
         while True:
+            ooms = oom_kills()
             child = self._start(env)
             order = self._watch(child, attempt)
             if order is None:
                 code = child.returncode
-                if self._stopping or not lost_a_peer(code):
+                if self._stopping or code == 0:
+                    return exit_status(code)
+                hold = self._hold_for(env, attempt, code, ooms)
+                if hold is None:
                     return exit_status(code)
                 log.warning(
-                    "the training process lost a peer (exit %s); waiting up to %.0fs "
-                    "for a rejoin order",
+                    "the training process ended (exit %s); waiting up to %.0fs for a rejoin order",
                     exit_status(code),
-                    self.hold_seconds,
+                    hold,
                 )
-                order = self._await_order(attempt)
+                order = self._await_order(attempt, hold)
                 if order is None:
                     return exit_status(code)
             else:
@@ -180,8 +193,21 @@ class Supervisor:
             if order is not None and order.attempt > attempt and not self._stopping:
                 return order
 
-    def _await_order(self, attempt: int) -> Rejoin | None:
-        deadline = time.monotonic() + self.hold_seconds
+    def _hold_for(
+        self, env: Mapping[str, str], attempt: int, code: int, ooms: int | None
+    ) -> float | None:
+        """How long to hold the pod for an order after the child returned `code`; None: end
+        it now."""
+        if self.reporter is not None:
+            report = report_of(
+                env, attempt=attempt, returncode=code, oom_before=ooms, oom_after=oom_kills()
+            )
+            if self.reporter(report):
+                return self.reported_hold_seconds
+        return self.hold_seconds if lost_a_peer(code) else None
+
+    def _await_order(self, attempt: int, hold: float) -> Rejoin | None:
+        deadline = time.monotonic() + hold
         while not self._stopping and time.monotonic() < deadline:
             order = read_order(self.order_file)
             if order is not None and order.attempt > attempt:
@@ -207,7 +233,9 @@ def _attempt(env: Mapping[str, str]) -> int:
 
 def supervise(command: Sequence[str], env: Mapping[str, str]) -> int:
     """Run `command` under a supervisor reading the order file `env` names; its exit status."""
-    supervisor = Supervisor(command, env, Path(env[ENV_REJOIN_FILE]), hold_seconds(env))
+    supervisor = Supervisor(
+        command, env, Path(env[ENV_REJOIN_FILE]), hold_seconds(env), reporter=lease_reporter(env)
+    )
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         supervisor.stop(signum)

@@ -31,6 +31,8 @@ CHECKPOINT_VOLUME = "checkpoints"
 # Leaves room in a 63-character DNS label for the suffixes of derived pod and service names.
 MAX_JOB_NAME_LENGTH = 40
 MAX_SLICES = 64
+# Warm spare pools one job may hold (`spec.tpu.spares`): each is a whole idle slice.
+MAX_SPARES = 4
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
 MAX_ENV = 128

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypeGuard
 
 CONTRACT_VERSION = 1
 MAX_MESSAGE_BYTES = 4096
@@ -321,16 +321,22 @@ def encode_rejoin(order: Rejoin) -> str:
     )
 
 
-def parse_rejoin(text: str | None) -> Rejoin | None:
-    """The order in `text`; None for anything else (empty, free text, a bad value). Anyone who
-    can patch the pod can write it, so it is bounded and checked like any untrusted input."""
-    if not text or len(text.encode()) > MAX_REJOIN_BYTES:
+def _json_object(text: str | None, limit: int) -> dict[str, Any] | None:
+    """The JSON object in `text` of at most `limit` bytes; None for anything else."""
+    if not text or len(text.encode()) > limit:
         return None
     try:
         data = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def parse_rejoin(text: str | None) -> Rejoin | None:
+    """The order in `text`; None for anything else (empty, free text, a bad value). Anyone who
+    can patch the pod can write it, so it is bounded and checked like any untrusted input."""
+    data = _json_object(text, MAX_REJOIN_BYTES)
+    if data is None:
         return None
     attempt, coordinator = data.get("attempt"), data.get("coordinator")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= 10**6:
@@ -343,3 +349,88 @@ def parse_rejoin(text: str | None) -> Rejoin | None:
     ):
         return None
     return Rejoin(attempt=attempt, coordinator=coordinator)
+
+
+# A supervised training process that ended is reported by its supervisor on the heartbeat
+# Lease while the pod lives on (JSON, see `encode_failure_report`), under this prefix and
+# "SLICE-WORKER": the operator diagnoses it and may restart the process in the same pod.
+LEASE_FAILURE_PREFIX = "tpujob.dev/failed-"
+# A lost peer's report only names its code: a slice's every host may report at once, and a
+# Lease's annotations hold 256 KiB in all.
+MAX_PEER_LOST_MESSAGE_BYTES = 512
+MAX_FAILURE_REPORT_BYTES = MAX_MESSAGE_BYTES + 1024
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """How one worker's training process ended, as its supervisor saw it: the fields a
+    terminated container's status would show, had the pod ended."""
+
+    attempt: int
+    job_uid: str
+    exit_code: int
+    signal: int | None
+    reason: str  # "Error", or "OOMKilled" when the container's OOM kill count rose
+    message: str  # the process's termination message
+    at: str  # RFC 3339, the supervisor's clock
+
+
+def failure_annotation(slice_index: int, worker: int) -> str:
+    return f"{LEASE_FAILURE_PREFIX}{slice_index}-{worker}"
+
+
+def lost_a_peer(exit_code: int, signal: int | None = None) -> bool:
+    """Whether a process that ended so only lost a peer (JAX's coordination service aborts a
+    process whose peer died: SIGABRT)."""
+    return exit_code in PEER_LOST_EXIT_CODES or signal == 6 or exit_code == 128 + 6
+
+
+def encode_failure_report(report: FailureReport) -> str:
+    """`report` as JSON of at most MAX_FAILURE_REPORT_BYTES (the message is cut to fit)."""
+    data = {
+        "attempt": report.attempt,
+        "jobUid": report.job_uid,
+        "exitCode": report.exit_code,
+        "signal": report.signal,
+        "reason": report.reason,
+        "message": report.message,
+        "at": report.at,
+    }
+    limit = (
+        MAX_PEER_LOST_MESSAGE_BYTES
+        if lost_a_peer(report.exit_code, report.signal)
+        else MAX_MESSAGE_BYTES
+    )
+    if len(report.message.encode()) > limit:
+        parsed = parse_termination_message(report.message)
+        data["message"] = (
+            encode_termination_message(replace(parsed, traceback="", summary=""))
+            if parsed is not None
+            else report.message.encode()[-limit:].decode(errors="ignore")
+        )
+    return json.dumps(data, separators=(",", ":"))
+
+
+def parse_failure_report(text: str | None) -> FailureReport | None:
+    """The report in `text`; None for anything else. Whoever may patch the Lease can write
+    one, so it is bounded and checked like any untrusted input."""
+    data = _json_object(text, MAX_FAILURE_REPORT_BYTES)
+    if data is None:
+        return None
+    attempt, code, sig = data.get("attempt"), data.get("exitCode"), data.get("signal")
+    job_uid, reason, message, at = (data.get(k) for k in ("jobUid", "reason", "message", "at"))
+    if not (
+        _small_int(attempt, 1, MAX_COUNT)
+        and _small_int(code, -255, 255)
+        and (sig is None or _small_int(sig, 1, 64))
+        and isinstance(job_uid, str)
+        and isinstance(reason, str)
+        and isinstance(message, str)
+        and isinstance(at, str)
+    ):
+        return None
+    return FailureReport(attempt, job_uid, code, sig, reason[:64], message, at[:64])
+
+
+def _small_int(value: object, low: int, high: int) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

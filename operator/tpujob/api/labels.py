@@ -10,6 +10,8 @@ SLICE = f"{GROUP}/slice"
 WORKER = f"{GROUP}/worker"
 # One slice's pods, whatever the attempt: what keeps them in one pool, and other slices out.
 GANG = f"{GROUP}/gang"
+# On a warm spare's idle pods ("true"): they hold a pool for the job, and train nothing.
+SPARE = f"{GROUP}/spare"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "tpujob-operator"
 # The finalizer kopf keeps on every job while its daemon runs.

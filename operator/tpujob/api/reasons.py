@@ -102,5 +102,8 @@ class TimelineKind(enum.StrEnum):
     SUSPENDED = "Suspended"
     FORCE_DELETED = "ForceDeleted"
     SLICE_RESTART_ABANDONED = "SliceRestartAbandoned"
+    SPARE_TAKEN = "SpareTaken"
+    SPARE_USED = "SpareUsed"
+    SPARE_RELEASED = "SpareReleased"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"

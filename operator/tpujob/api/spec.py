@@ -41,7 +41,14 @@ class TPUSpec(SpecModel):
 
     model_config = ConfigDict(
         json_schema_extra=validations(
-            *topology_cel.topology_rules(), topology_cel.multislice_rule()
+            *topology_cel.topology_rules(),
+            topology_cel.multislice_rule(),
+            cel(
+                "!has(self.spares) || self.spares == 0 || !has(self.provisioning) || "
+                "self.provisioning == 'ExistingPools'",
+                "spares needs provisioning ExistingPools: a spare is a pool that exists",
+                field_path=".spares",
+            ),
         )
     )
 
@@ -80,6 +87,20 @@ class TPUSpec(SpecModel):
         ),
     )
 
+    spares: int = Field(
+        default=0,
+        ge=0,
+        le=c.MAX_SPARES,
+        description=(
+            "Whole node pools of the slice's shape the job keeps ready for its hard failures "
+            "(warm spares): while the job runs, each is held by idle pods that ask for its "
+            "chips and run the trainer's image, so no other job takes it and its nodes stay "
+            "up with the image pulled. A slice moved off a broken node goes to a spare first, "
+            "without waiting for a pool to free; the reserve is refilled from free pools. "
+            "The spares' chips are the job's and stay idle."
+        ),
+    )
+
     @field_validator("accelerator")
     @classmethod
     def _known_accelerator(cls, label: str) -> str:
@@ -100,6 +121,14 @@ class TPUSpec(SpecModel):
             raise ValueError(
                 f"slices > 1 (multislice) needs a multi-host topology; "
                 f"{self.accelerator} {self.topology} is a single host"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _spares_need_existing_pools(self) -> TPUSpec:
+        if self.spares and self.provisioning is not Provisioning.EXISTING_POOLS:
+            raise ValueError(
+                "spares needs provisioning ExistingPools: a spare is a pool that exists"
             )
         return self
 

@@ -151,6 +151,15 @@ class Progress(StatusModel):
     loss: float | None = Field(default=None, description="The training loss last reported.")
 
 
+class SparePool(StatusModel):
+    """A warm spare: a pool the job holds for its hard failures (`spec.tpu.spares`)."""
+
+    node_pool: str = Field(max_length=c.MAX_NAME_LENGTH, description="The pool held.")
+    ready: bool = Field(
+        default=False, description="Every host of the pool runs the job's idle pod."
+    )
+
+
 class TimelineEvent(StatusModel):
     """One recovery event: failure seen, diagnosed, pods recreated, training resumed..."""
 
@@ -248,6 +257,11 @@ class TPUTrainingJobStatus(StatusModel):
         max_length=ATTEMPT_HISTORY_LIMIT,
         description=f"The last {ATTEMPT_HISTORY_LIMIT} attempts that ended, oldest first "
         "(the goodput breakdown's facts).",
+    )
+    spares: tuple[SparePool, ...] = Field(
+        default=(),
+        max_length=c.MAX_SPARES,
+        description="The warm spare pools the job holds (spec.tpu.spares).",
     )
     start_time: datetime | None = Field(default=None, description="When the job first started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")

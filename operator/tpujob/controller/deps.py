@@ -145,7 +145,7 @@ class JobBook:
 
 @dataclass
 class PoolClaims:
-    """The placement authority: pool -> the job that holds it.
+    """The placement authority: pool -> the job that holds it (for a slice, or as a spare).
 
     Taken under `lock` in the same step as the plan that chose it, so two jobs planned at once
     never pick one pool. Rebuilt after a restart from each job's recorded placement (and,
@@ -164,6 +164,8 @@ class PoolClaims:
         if status is not None and status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
             for slot in status.current_attempt.placement:
                 self.holders.setdefault(slot.node_pool, key)
+            for spare in status.spares:  # a warm spare is held as a placed pool is
+                self.holders.setdefault(spare.node_pool, key)
         return sorted(p for p in before if self.holders.get(p) is None)
 
     def holder(self, pool: str) -> JobKey | None:

@@ -203,8 +203,11 @@ async def _plan(deps: Deps, observed: Observed, key: JobKey, now: dt.datetime) -
 
 
 def _places(result: Plan, observed: Observed) -> bool:
-    """Whether the plan chose pools: its placement differs from the one the job had."""
-    return result.status.current_attempt.placement != observed.job.status.current_attempt.placement
+    """Whether the plan chose pools: its placement or its warm spares differ from the job's."""
+    new, old = result.status, observed.job.status
+    return new.current_attempt.placement != old.current_attempt.placement or {
+        s.node_pool for s in new.spares
+    } != {s.node_pool for s in old.spares}
 
 
 def _fresher(deps: Deps, key: JobKey, cached: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -297,14 +300,15 @@ def release_pools(deps: Deps, pools: list[str], tpu: Any) -> None:
 
 
 async def _tails(deps: Deps, namespace: str, pods: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Log tails of failed pods, each read once: a failed container's log does not change
-    (kept by pod uid, so a job re-applied under its old name never gets an old tail)."""
-    missing = [(name, uid) for name, uid in pods if uid not in deps.log_tails]
-    for name, uid in missing:
-        deps.log_tails[uid] = await deps.run(deps.reader.log_tail, namespace, name)
+    """Log tails of failed pods, each read once under the key `tails_to_read` gives it: a
+    failed container's log does not change (keyed by pod uid, so a job re-applied under its
+    old name never gets an old tail; a reported failure's by uid and attempt)."""
+    missing = [(name, key) for name, key in pods if key not in deps.log_tails]
+    for name, key in missing:
+        deps.log_tails[key] = await deps.run(deps.reader.log_tail, namespace, name)
     while len(deps.log_tails) > TAIL_CACHE_SIZE:
         deps.log_tails.popitem(last=False)
-    return [(name, deps.log_tails.get(uid, "")) for name, uid in pods]
+    return [(name, deps.log_tails.get(key, "")) for name, key in pods]
 
 
 class PodsRefusedError(Exception):

@@ -5,7 +5,8 @@ that node or a placement on its pool, never all of them; a pool that frees up wa
 that has waited longest for that TPU shape (first come, first placed; the others keep their
 own poll), not every waiting job at once; a job's heartbeat, which trainers renew every few
 seconds, wakes it at once only when a new attempt reports for the first time (recovery time is
-measured from it) and otherwise at most once per `progress_interval_seconds` (the status shows
+measured from it) or a supervisor reports a training process that ended (its pod is held for
+the verdict), and otherwise at most once per `progress_interval_seconds` (the status shows
 progress that fresh, no fresher). Finished jobs are woken only by their own pods.
 """
 
@@ -32,7 +33,10 @@ class WakeBook:
     # Jobs waiting for a free pool, by shape, oldest first (dicts keep insertion order).
     waiting: dict[JobKey, Shape] = field(default_factory=dict)
     # The attempt and time of the heartbeat that last woke each job.
-    heartbeats: dict[JobKey, tuple[int | None, dt.datetime]] = field(default_factory=dict)
+    # Per job: the attempt of the last beat that woke it, when, and the failure reports it had.
+    heartbeats: dict[JobKey, tuple[int | None, dt.datetime, frozenset[tuple[int, int, int]]]] = (
+        field(default_factory=dict)
+    )
 
     def waker(self, key: JobKey) -> asyncio.Event:
         return self.wakers.setdefault(key, asyncio.Event())
@@ -78,11 +82,13 @@ class WakeBook:
         if key in self.finished:
             return False
         last = self.heartbeats.get(key)
+        reports = frozenset((s, w, r.attempt) for (s, w), r in beat.failures.items())
         due = (
             last is None
             or last[0] != beat.attempt
+            or not reports <= last[2]  # a process just ended: its pod waits for a verdict
             or (now - last[1]).total_seconds() >= self.progress_interval_seconds
         )
         if due:
-            self.heartbeats[key] = (beat.attempt, now)
+            self.heartbeats[key] = (beat.attempt, now, reports)
         return due

@@ -246,10 +246,18 @@ def check_pools(snap: Snapshot) -> list[Finding]:
                 "--machine-type ct5lp-hightpu-4t --tpu-topology 4x4 ...)",
             )
         ]
-    busy_nodes = {
-        str((p.get("spec") or {}).get("nodeName"))
+    live = [
+        p
         for p in snap.tpu_pods
         if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+    busy_nodes = {str((p.get("spec") or {}).get("nodeName")) for p in live}
+    # Nodes whose TPU pod is a job's idle one, holding the pool as its warm spare.
+    spare_of = {
+        str((p.get("spec") or {}).get("nodeName")): f"{_meta(p).get('namespace')}/"
+        f"{_str_map(_meta(p).get('labels')).get(labels.JOB)}"
+        for p in live
+        if _str_map(_meta(p).get("labels")).get(labels.SPARE) == "true"
     }
     findings = []
     for pool in pools:
@@ -270,10 +278,13 @@ def check_pools(snap: Snapshot) -> list[Finding]:
         ready = sum(_node_ready(n) for n in pool.nodes)
         busy = sorted(n for n in names if n in busy_nodes)
         tainted = [n for n in pool.nodes if _tainted_by_us(n)]
+        use = f"busy ({len(busy)} nodes run TPU pods)" if busy else "free"
+        holders = {spare_of.get(n) for n in busy}
+        if len(holders) == 1 and None not in holders:
+            use = f"held as a warm spare by {holders.pop()}"
         summary = (
             f"{pool.accelerator} {pool.topology} ({shape.tpu_type}): "
-            f"{len(names)}/{shape.hosts} hosts, {ready} Ready, "
-            + (f"busy ({len(busy)} nodes run TPU pods)" if busy else "free")
+            f"{len(names)}/{shape.hosts} hosts, {ready} Ready, {use}"
         )
         level, action = Level.OK, ""
         if len(names) < shape.hosts or ready < len(names):

@@ -19,7 +19,7 @@ from tpujob.kube import uids
 from tpujob.kube.cache import CachedView
 from tpujob.kube.errors import KubeError, NotFoundError, call
 from tpujob.observed.redact import redact
-from tpujob.observed.views import NodeView, Observed, PodView, own_heartbeat
+from tpujob.observed.views import NodeView, Observed, PodView, own_heartbeat, with_reports
 from tpujob.plan import manifests
 from tpujob.plan.placement import pools_of
 
@@ -104,21 +104,18 @@ def observe(
     job = parse(body)
     uid = str((body.get("metadata") or {}).get("uid") or "")
     nodes = cache.node_views()
-    pods = tuple(
-        sorted(
-            (
-                r.view
-                for r in cache.pod_records(job.namespace, job.name)
-                if uid and uid in r.owners and made_as_placed(job, r.view, nodes)
-            ),
-            key=lambda p: p.name,
-        )
+    owned = sorted(
+        (r.view for r in cache.pod_records(job.namespace, job.name) if uid and uid in r.owners),
+        key=lambda p: p.name,
     )
+    pods = tuple(p for p in owned if not p.spare and made_as_placed(job, p, nodes))
+    beat = own_heartbeat(cache.heartbeat(job.namespace, manifests.lease_name(job)), uid)
     return Observed(
         job=job,
-        pods=pods,
+        pods=with_reports(pods, beat, job.status.attempt, uid),
+        spares=tuple(p for p in owned if p.spare),
         nodes=nodes,
-        heartbeat=own_heartbeat(cache.heartbeat(job.namespace, manifests.lease_name(job)), uid),
+        heartbeat=beat,
         busy_pools=cache.busy_pools(job.namespace, job.name),
     )
 
@@ -165,14 +162,19 @@ def made_as_placed(job: TPUTrainingJob, pod: PodView, nodes: Mapping[str, NodeVi
 
 
 def tails_to_read(observed: Observed) -> list[tuple[str, str]]:
-    """(name, uid) of the pods whose tails matter: only the current attempt's failures are
-    diagnosed, and of a failure of more than `MAX_DIAGNOSED_WORKERS`, the earliest."""
+    """(name, key) of the pods whose tails matter: only the current attempt's failures are
+    diagnosed, and of a failure of more than `MAX_DIAGNOSED_WORKERS`, the earliest. The key
+    names the log that was read: a failed pod's uid (its log no longer changes), or for a pod
+    whose process ended and was reported, its uid and attempt (the pod's log goes on if the
+    process is restarted in it, and a later failure needs a later tail)."""
     attempt = observed.job.status.attempt
-    failed = [p for p in observed.pods if p.attempt == attempt and p.failed]
+    failed = [
+        p for p in observed.pods if p.attempt == attempt and (p.failed or p.reported is not None)
+    ]
     if len(failed) > MAX_DIAGNOSED_WORKERS:  # the diagnosis reads the earliest ones only
         failed = sorted(failed, key=lambda p: (sample_key(p.finished_at), p.name))
         failed = failed[:MAX_DIAGNOSED_WORKERS]
-    return [(p.name, p.uid) for p in failed]
+    return [(p.name, p.uid if p.failed else f"{p.uid}@{attempt}") for p in failed]
 
 
 def with_tails(observed: Observed, tails: Iterable[tuple[str, str]]) -> Observed:

@@ -3,15 +3,19 @@
 Pure. The current attempt's troubled workers become `WorkerFacts`: failed pods with their exit
 status, termination message and log tail; pods being deleted by someone else (eviction,
 preemption); pods whose own TPU devices the kubelet reports Unhealthy; pods whose node has
-been lost, short of TPUs or going into maintenance for longer than `tpujob.observed.nodes`'s grace.
-A node's passing trouble (a kubelet or device-plugin restart) is no failure. The job's
-heartbeat becomes `HeartbeatFacts` when it has stalled.
+been lost, short of TPUs or going into maintenance for longer than `tpujob.observed.nodes`'s grace;
+and running pods whose training process ended, as their supervisor reported it (the pod is
+held for the operator's word, so the process may restart in it). A reported process that only
+lost a peer is an echo of another's failure: it counts only when nothing else does, and only
+once the supervisor of old would have ended its pod (`PEER_LOST_GRACE_SECONDS`), so the root
+failure has the time to show. A node's passing trouble (a kubelet or device-plugin restart) is
+no failure. The job's heartbeat becomes `HeartbeatFacts` when it has stalled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from tpujob import diagnosis as dx
@@ -25,7 +29,13 @@ from tpujob.observed.nodes import (
     judge,
     tpu_short,
 )
-from tpujob.observed.views import NodeView, Observed, PodView
+from tpujob.observed.views import NodeView, Observed, PodView, parse_time
+
+# How long a reported lost peer waits for the root failure to show: a multislice job's other
+# slice may take a lost node's grace to be judged; in a job of one slice the root's own report
+# or end follows within seconds.
+PEER_LOST_GRACE_SECONDS = 30.0
+ONE_SLICE_PEER_LOST_GRACE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,9 @@ class Trouble:
     seen_at: datetime
     pods: tuple[str, ...]
     nodes: tuple[str, ...]
+    # Every troubled pod still runs and only its process ended, as reported: the failure may
+    # be restarted in the pods it happened in.
+    reported_only: bool = False
 
 
 def node_facts(
@@ -71,7 +84,12 @@ def node_facts(
 
 
 def worker_facts(
-    obs: Observed, pod: PodView, *, step: int | None, verdict: Verdict | None = None
+    obs: Observed,
+    pod: PodView,
+    *,
+    step: int | None,
+    verdict: Verdict | None = None,
+    now: datetime | None = None,
 ) -> dx.WorkerFacts:
     chips = obs.job.spec.tpu.chips_per_host
     node = obs.nodes.get(pod.node) if pod.node else None
@@ -88,6 +106,17 @@ def worker_facts(
         )
     if verdict is not None and verdict.trouble is not NodeTrouble.NONE and verdict.reason:
         context.append(verdict.reason)
+    report = pod.reported
+    if report is not None and pod.exit_code is None:
+        pod = replace(
+            pod,
+            exit_code=report.exit_code,
+            signal=report.signal,
+            reason=report.reason,
+            message=report.message,
+            finished_at=report_time(report, now),
+        )
+        context.append("the pod runs on; its training process ended (reported by its supervisor)")
     return dx.WorkerFacts(
         worker_index=pod.slice * obs.job.spec.tpu.hosts_per_slice + pod.worker,
         slice_index=pod.slice,
@@ -104,6 +133,13 @@ def worker_facts(
         step=_reported_step(pod) if _reported_step(pod) is not None else step,
         finished_at=pod.finished_at or pod.deleting_since,
     )
+
+
+def report_time(report: contract.FailureReport, now: datetime | None) -> datetime | None:
+    """When the reported process ended, by its node's clock: never later than `now` (a clock
+    ahead must not date a failure in the future)."""
+    at = parse_time(report.at)
+    return min(at, now) if at is not None and now is not None else at
 
 
 def _reported_step(pod: PodView) -> int | None:
@@ -126,6 +162,8 @@ def find_trouble(
     """The failure of `attempt`, or None while it is healthy (or still starting)."""
     pods = obs.attempt_pods(attempt)
     troubled: list[tuple[PodView, Verdict | None]] = []
+    reported: list[tuple[PodView, Verdict | None]] = []  # root failures the supervisor held
+    echoes: list[tuple[PodView, Verdict | None]] = []  # reported lost peers
     for pod in pods:
         verdict = (
             judge(
@@ -144,14 +182,24 @@ def find_trouble(
         chips_failed = live and bool(pod.unhealthy_devices)
         if pod.failed or deleted or lost or chips_failed:
             troubled.append((pod, verdict))
+        elif live and pod.reported is not None:
+            report = pod.reported
+            (echoes if contract.lost_a_peer(report.exit_code, report.signal) else reported).append(
+                (pod, verdict)
+            )
+    reported_only = not troubled and bool(reported or echoes)
+    troubled += reported or ([] if troubled else _settled_echoes(obs, echoes, now))
     if troubled:
-        workers = tuple(worker_facts(obs, p, step=last_step, verdict=v) for p, v in troubled)
+        workers = tuple(
+            worker_facts(obs, p, step=last_step, verdict=v, now=now) for p, v in troubled
+        )
         times = [w.finished_at for w in workers if w.finished_at is not None]
         return Trouble(
             dx.JobFacts(workers=workers),
             min(times, default=now),
             tuple(p.name for p, _ in troubled),
             tuple(sorted({p.node for p, _ in troubled if p.node})),
+            reported_only=reported_only,
         )
     heartbeat = _stalled(
         obs,
@@ -164,6 +212,18 @@ def find_trouble(
     if heartbeat is not None:
         return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())
     return None
+
+
+def _settled_echoes(
+    obs: Observed, echoes: list[tuple[PodView, Verdict | None]], now: datetime
+) -> list[tuple[PodView, Verdict | None]]:
+    """Reported lost peers, once the earliest is older than the grace for the root to show."""
+    multislice = obs.job.spec.tpu.slices > 1
+    grace = PEER_LOST_GRACE_SECONDS if multislice else ONE_SLICE_PEER_LOST_GRACE_SECONDS
+    times = [t for p, _ in echoes if p.reported and (t := report_time(p.reported, now))]
+    if not times or (now - min(times)).total_seconds() < grace:
+        return []
+    return echoes
 
 
 def _stalled(

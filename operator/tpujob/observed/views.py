@@ -7,8 +7,8 @@ reads these views and never a raw dict, so what a decision depended on is visibl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -72,6 +72,11 @@ class PodView:
     # status.containerStatuses[].allocatedResourcesStatus (KEP-4680; beta, on by default,
     # from Kubernetes v1.36).
     unhealthy_devices: tuple[str, ...] = ()
+    # How its training process ended while the pod lives on, as its supervisor reported it on
+    # the heartbeat Lease for the pod's attempt (`with_reports`); None: no report.
+    reported: contract.FailureReport | None = None
+    # One of the idle pods holding a warm spare pool (`labels.SPARE`), not a trainer.
+    spare: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -136,6 +141,7 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         unschedulable_since=unschedulable_since,
         node_pool=(spec.get("nodeSelector") or {}).get(labels.NODEPOOL),
         unhealthy_devices=unhealthy_devices(status),
+        spare=pod_labels.get(labels.SPARE) == "true",
     )
 
 
@@ -244,6 +250,8 @@ class Heartbeat:
     seen: datetime | None = None
     # The health numbers' annotations (`HEALTH_ANNOTATIONS`, bounded; untrusted text).
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # The supervisors' reports of ended training processes, by (slice, worker).
+    failures: Mapping[tuple[int, int], contract.FailureReport] = field(default_factory=dict)
 
 
 # The trainer writes the heartbeat, and anyone who can patch the Lease can too: a number out
@@ -297,7 +305,48 @@ def heartbeat_view(raw: Mapping[str, Any] | None) -> Heartbeat | None:
             for key in HEALTH_ANNOTATIONS
             if isinstance(value := notes.get(key), str)
         },
+        failures=failure_reports(notes),
     )
+
+
+def failure_reports(notes: Mapping[str, Any]) -> dict[tuple[int, int], contract.FailureReport]:
+    """The supervisors' failure reports among a Lease's annotations. Anyone who may patch the
+    Lease may write one: each is parsed bounded, and only keys naming a worker count."""
+    found: dict[tuple[int, int], contract.FailureReport] = {}
+    for key, value in notes.items():
+        if not isinstance(key, str) or not key.startswith(contract.LEASE_FAILURE_PREFIX):
+            continue
+        slice_text, _, worker_text = key[len(contract.LEASE_FAILURE_PREFIX) :].partition("-")
+        at_slice = _bounded_int(slice_text, 0, c.MAX_SLICES)
+        worker = _bounded_int(worker_text, 0, MAX_WORKER)
+        report = contract.parse_failure_report(value if isinstance(value, str) else None)
+        if at_slice is not None and worker is not None and report is not None:
+            found[(at_slice, worker)] = report
+    return found
+
+
+def with_reports(
+    pods: Sequence[PodView], beat: Heartbeat | None, attempt: int, job_uid: str
+) -> tuple[PodView, ...]:
+    """`pods` with the failure their supervisor reported for the current `attempt`, on those
+    that still run (a pod that ended has the kubelet's own record, which wins)."""
+    if beat is None or not beat.failures:
+        return tuple(pods)
+    out = []
+    for pod in pods:
+        report = beat.failures.get((pod.slice, pod.worker))
+        if (
+            report is not None
+            and pod.attempt == attempt
+            and report.attempt == attempt
+            and report.job_uid == job_uid
+            and pod.running
+            and not pod.terminal
+        ):
+            out.append(replace(pod, reported=report))
+        else:
+            out.append(pod)
+    return tuple(out)
 
 
 def own_heartbeat(beat: Heartbeat | None, job_uid: str) -> Heartbeat | None:
@@ -336,6 +385,8 @@ class Observed:
     node_blames: tuple[tuple[str, str, float], ...] = ()
     # The cluster's site rules (`tpujob.diagnosis.site`), as the operator last read them.
     site_rules: tuple[SiteRule, ...] = ()
+    # The idle pods holding the job's warm spare pools (`tpujob.plan.spares`); never in `pods`.
+    spares: tuple[PodView, ...] = ()
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

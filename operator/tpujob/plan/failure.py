@@ -27,6 +27,7 @@ from tpujob.plan.regrading import Around, regrade
 from tpujob.plan.result import Draft, NodeMark, PlannerSettings, PodDeletion
 from tpujob.plan.rollback import Rollback, plan_rollback
 from tpujob.plan.slices import kept_slices, slices_to_keep
+from tpujob.plan.spares import spare_pools
 
 
 def broken_by(
@@ -265,7 +266,7 @@ def _restart(
     left = frozenset(
         p.node_pool for p in status.current_attempt.placement if p.slice in decision.move_slices
     )
-    pools = choose_pools(obs, keep, bad, draft=draft, avoid=left)
+    pools = choose_pools(obs, keep, bad, draft=draft, avoid=left, spares=spare_pools(obs))
     tpu = job.spec.tpu
     attempt = status.attempt + 1
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds else None

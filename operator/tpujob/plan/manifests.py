@@ -56,7 +56,9 @@ def owner_reference(job: TPUTrainingJob) -> dict[str, Any]:
     }
 
 
-def _meta(job: TPUTrainingJob, name: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+def child_meta(
+    job: TPUTrainingJob, name: str, extra: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": job.namespace,
@@ -305,7 +307,12 @@ def trainer_pod(
         labels.WORKER: str(worker),
         labels.GANG: gang(job, slice_index),
     }
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, name, extra), "spec": spec}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": child_meta(job, name, extra),
+        "spec": spec,
+    }
     return add_template(pod, trainer.pod_template, trainer.volume_mounts)
 
 
@@ -324,7 +331,7 @@ def headless_service(job: TPUTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(job, service_name(job)),
+        "metadata": child_meta(job, service_name(job)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -338,7 +345,7 @@ def heartbeat_lease(job: TPUTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
-        "metadata": _meta(job, lease_name(job)),
+        "metadata": child_meta(job, lease_name(job)),
         "spec": {"holderIdentity": f"{job.name}-worker-0"},
     }
 
@@ -350,13 +357,13 @@ def heartbeat_rbac(job: TPUTrainingJob) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     if job.spec.trainer.service_account_name is None:
         objects.append(
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, account)}
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": child_meta(job, account)}
         )
     objects.append(
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": _meta(job, role),
+            "metadata": child_meta(job, role),
             "rules": [
                 {
                     "apiGroups": ["coordination.k8s.io"],
@@ -371,7 +378,7 @@ def heartbeat_rbac(job: TPUTrainingJob) -> list[dict[str, Any]]:
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": _meta(job, role),
+            "metadata": child_meta(job, role),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}],
         }

@@ -3,9 +3,10 @@
 Pure. A slice is the unit of placement (GKE repairs a multi-host slice as a whole, so a slice
 moves to another pool rather than to another node). A pool is usable when it has the job's
 accelerator and topology, exactly one healthy node per host of the slice, and no node the job
-has blamed. Pools are ranked by an ordered table (`RANKS`): free pools first, then pools busy
-with other TPU work, then pools with GKE host maintenance scheduled within the job's expected
-run (a slice moved there would be interrupted again); name order breaks ties, so the choice is
+has blamed. Pools are ranked by an ordered table (`RANKS`): the job's own warm spares first
+(`tpujob.plan.spares`), then free pools, then pools busy with other TPU work, then pools with
+GKE host maintenance scheduled within the job's expected run (a slice moved there would be
+interrupted again); name order breaks ties, so the choice is
 deterministic for the same cluster. Every pool placed with a caveat comes with a `PoolNote`
 the placement Event can show.
 """
@@ -51,6 +52,7 @@ def pools_for(nodes: Iterable[NodeView], accelerator: str, topology: str) -> lis
 class PoolRank(IntEnum):
     """Why a pool is where it is in the order; lower is placed first."""
 
+    SPARE = -1  # a warm spare the job holds for this
     FREE = 0
     BUSY = 1  # other jobs' pods request TPUs there
     MAINTENANCE_DUE = 2  # a node has host maintenance scheduled within the expected run
@@ -88,6 +90,7 @@ class PlacementResult:
 @dataclass(frozen=True)
 class _Context:
     busy_pools: frozenset[str]
+    spare_pools: frozenset[str]
     now: datetime | None
     run_until: datetime | None
 
@@ -123,12 +126,17 @@ def _maintenance_due(pool: PoolHealth, ctx: _Context) -> str | None:
     return None
 
 
+def _spare(pool: PoolHealth, ctx: _Context) -> str | None:
+    return "a warm spare the job held" if pool.name in ctx.spare_pools else None
+
+
 def _busy(pool: PoolHealth, ctx: _Context) -> str | None:
     return "other jobs use TPUs in this pool" if pool.name in ctx.busy_pools else None
 
 
 # Ordered, worst last: a pool takes the rank of the last rule that matches; FREE is the default.
 RANKS: tuple[tuple[PoolRank, Callable[[PoolHealth, _Context], str | None]], ...] = (
+    (PoolRank.SPARE, _spare),
     (PoolRank.BUSY, _busy),
     (PoolRank.MAINTENANCE_DUE, _maintenance_due),
 )
@@ -171,6 +179,7 @@ def plan_placement(
     keep: Mapping[int, str],
     bad_nodes: frozenset[str],
     busy_pools: frozenset[str] = frozenset(),
+    spare_pools: frozenset[str] = frozenset(),
     now: datetime | None = None,
     run_until: datetime | None = None,
 ) -> PlacementResult:
@@ -180,7 +189,7 @@ def plan_placement(
     Slices that cannot be placed are listed in `unplaced`; their pods then wait with only the
     accelerator/topology selector, and the scheduler's message says why.
     """
-    ctx = _Context(busy_pools, now, run_until)
+    ctx = _Context(busy_pools, spare_pools, now, run_until)
     result = dict(keep)
     taken = set(keep.values())
     ranked = sorted(

@@ -34,6 +34,7 @@ from tpujob.plan.provisioning import learn_pools, say_no_free_pool, unplaced
 from tpujob.plan.recovery import no_attempt_left
 from tpujob.plan.result import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan.slices import abandon_if_broken, is_kept, kept_pods, rejoin
+from tpujob.plan.spares import keep_spares, release_spares, spare_pools
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 FINISHED_POLL_SECONDS = 3600.0
@@ -179,6 +180,7 @@ def _suspend(obs: Observed, draft: Draft) -> None:
     for pod in obs.pods:
         if not pod.terminal and pod.deleting_since is None:
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, None))
+    release_spares(obs, draft)
     if obs.job.status.phase is not Phase.SUSPENDED:
         draft.update(
             phase=Phase.SUSPENDED,
@@ -196,6 +198,7 @@ def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     for pod in obs.pods:
         if not pod.terminal and pod.deleting_since is None:
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, settings.restart_grace_seconds))
+    release_spares(obs, draft)
     ttl = obs.job.spec.ttl_seconds_after_finished
     done = obs.job.status.completion_time
     if ttl is not None and done is not None:
@@ -298,7 +301,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
     avoided = avoided_by(
         obs, now=draft.now, return_after=planner.node_health.lost_node_return_seconds
     )
-    pools = choose_pools(obs, pools_of(current), avoided, draft=draft)
+    pools = choose_pools(obs, pools_of(current), avoided, draft=draft, spares=spare_pools(obs))
     if len(pools) < job.spec.tpu.slices and not say_no_free_pool(obs, draft, pools):
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
@@ -333,6 +336,17 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
 
 
 def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
+    _run_attempt(obs, draft, settings)
+    if draft.status.phase in TERMINAL:
+        release_spares(obs, draft)
+    else:
+        bad = avoided_by(
+            obs, now=draft.now, return_after=settings.node_health.lost_node_return_seconds
+        )
+        keep_spares(obs, draft, bad)
+
+
+def _run_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     job, now = obs.job, draft.now
     current = job.status.current_attempt
     if current.launched_time is None:

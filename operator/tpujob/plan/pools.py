@@ -16,6 +16,7 @@ def choose_pools(
     *,
     draft: Draft,
     avoid: frozenset[str] = frozenset(),
+    spares: frozenset[str] = frozenset(),
 ) -> dict[int, str]:
     """Pools for every slice (`keep` stays); a caveat, such as a pool taken although host
     maintenance is due there within the expected run, goes to the timeline and an Event.
@@ -24,7 +25,8 @@ def choose_pools(
     not exist yet) is not a candidate at all: a TPU pool is one slice, and two gangs sharing
     one would each hold part of it and both wait forever. A slice with no free pool is left
     out of the result; the attempt then waits instead of launching. `avoid` (a pool a moved
-    slice leaves) is only placed last. Only nodes the pod template's node selectors match count.
+    slice leaves) is only placed last; `spares` (the job's warm spare pools) first. Only
+    nodes the pod template's node selectors match count.
     """
     tpu, progress = obs.job.spec.tpu, obs.job.status.progress
     # A recorded pool another job took meanwhile (during a backoff, or two claims crossing
@@ -46,6 +48,7 @@ def choose_pools(
         keep=keep,
         bad_nodes=bad,
         busy_pools=avoid,
+        spare_pools=spares,
         now=draft.now,
         run_until=expected_end(
             draft.now,

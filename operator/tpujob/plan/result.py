@@ -26,7 +26,14 @@ from tpujob.api import constants as c
 from tpujob.api.attempt import AttemptRecord, AttemptStatus, FailureRecord
 from tpujob.api.enums import ConditionType, Phase
 from tpujob.api.reasons import EventReason, EventType
-from tpujob.api.status import FailedNode, GoodputBreakdown, LastFailure, Progress, Restarts
+from tpujob.api.status import (
+    FailedNode,
+    GoodputBreakdown,
+    LastFailure,
+    Progress,
+    Restarts,
+    SparePool,
+)
 from tpujob.diagnosis.memory import Blame
 from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings
 
@@ -143,6 +150,7 @@ class StatusEdit(TypedDict, total=False):
     current_attempt: AttemptStatus
     failure_history: tuple[FailureRecord, ...]
     pending_events: tuple[PendingEvent, ...]
+    spares: tuple[SparePool, ...]
 
 
 @dataclass

@@ -16,8 +16,11 @@ replaces every pod (`abandon_if_broken`); after, its end is the attempt's failur
 
 A hang (a stalled heartbeat, or none within the start-up timeout, while every worker runs and
 no node is to blame) keeps every slice, of a one-slice job too: every trainer restarts as the
-next attempt in the pod it ran in, and no pod is deleted, scheduled or started. Not twice in a
-row: an attempt that was itself restarted whole in place and hangs again is replaced.
+next attempt in the pod it ran in, and no pod is deleted, scheduled or started. So does a soft
+failure of training processes whose pods live on (their supervisors reported the ends and hold
+the pods, `Trouble.reported_only`) with no node to blame. Not twice in a row: an attempt that
+was itself restarted whole in place and fails so again is replaced (a process stuck in the
+kernel outlives SIGKILL; a pod's own state may be what fails it).
 """
 
 from __future__ import annotations
@@ -74,11 +77,11 @@ def slices_to_keep(
         return frozenset()
     pods = obs.attempt_pods(job.status.attempt)
     every = frozenset(range(tpu.slices))
-    if hung_in_place(trouble, broken, decision):
+    if restarts_in_place(trouble, broken, decision):
         # Every process restarts in its pod (a hung step never reaches the save a graceful
-        # stop asks for, so nothing is lost by not asking); but an attempt that was itself
-        # such a restart and hangs again is replaced whole (a process stuck in the kernel
-        # outlives SIGKILL).
+        # stop asks for, and a process that ended has nothing left to save, so nothing is
+        # lost by not asking); but an attempt that was itself such a restart and fails so
+        # again is replaced whole.
         if len(current.kept_slices) == tpu.slices:
             return frozenset()
         kept = _whole_slices(pods, every, tpu.hosts_per_slice, bad_nodes)
@@ -90,15 +93,19 @@ def slices_to_keep(
     return kept if COORDINATOR_SLICE in kept else frozenset()
 
 
-def hung_in_place(trouble: Trouble, broken: Broken, decision: Restart) -> bool:
-    """A hang (no step, or no start, within its timeout) with every worker still running and
-    no node to blame or slice to move: nothing tells a healthy process from the hung one,
-    and none needs a new pod."""
-    return (
+def restarts_in_place(trouble: Trouble, broken: Broken, decision: Restart) -> bool:
+    """A soft failure no pod needs replacing for, with no node to blame or slice to move:
+    a hang (no step, or no start, within its timeout) with every worker still running, where
+    nothing tells a healthy process from the hung one; or processes that ended in pods that
+    live on (`Trouble.reported_only`)."""
+    hung = (
         trouble.facts.heartbeat is not None
         and not trouble.facts.workers
-        and not broken.slices
         and broken.root_slice is None
+    )
+    return (
+        (hung or trouble.reported_only)
+        and not broken.slices
         and not decision.move_slices
         and decision.failure_class is FailureClass.SOFT
     )

@@ -144,6 +144,13 @@ REFUSED: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
     ),
     ("zero slices", _set("spec.tpu.slices", 0), "spec.tpu.slices", "greater than or equal to 1"),
     ("multislice on one host", _set("spec.tpu.topology", "2x2x1"), "spec.tpu", "multi-host"),
+    ("too many spares", _set("spec.tpu.spares", 5), "spec.tpu.spares", "less than or equal to 4"),
+    (
+        "spares of an autoscaled job",
+        lambda body: body["spec"]["tpu"].update(spares=1, provisioning="Autoscale"),
+        "spec.tpu",
+        "spares needs provisioning ExistingPools",
+    ),
     (
         "percent budget above half",
         _set("spec.recovery.maxFailedNodes", "80%"),

@@ -4,7 +4,9 @@ heartbeat only when it matters."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
+from tpujob.api import contract
 from tpujob.controller.wakeups import WakeBook
 from tpujob.observed.views import Heartbeat
 
@@ -69,3 +71,16 @@ def test_wake_records_when_for_the_latency_metric_and_forget_clears_everything()
     book.forget(key)
     assert key not in book.wakers and key not in book.woken_at
     assert not book.wake(key, at=1.0)
+
+
+def test_a_new_failure_report_wakes_the_job_at_once() -> None:
+    book = WakeBook(progress_interval_seconds=15)
+    key = ("ns", "job")
+    report = contract.FailureReport(1, "uid", 137, 9, "Error", "", "2026-01-01T00:00:00Z")
+    assert book.heartbeat(key, beat(1), now=T0)
+    reported = replace(beat(1, step=11), failures={(0, 1): report})
+    assert book.heartbeat(key, reported, now=T0 + dt.timedelta(seconds=2))
+    # The same report again is no news.
+    assert not book.heartbeat(key, reported, now=T0 + dt.timedelta(seconds=3))
+    again = replace(reported, failures={(0, 1): report, (0, 0): report})
+    assert book.heartbeat(key, again, now=T0 + dt.timedelta(seconds=4))

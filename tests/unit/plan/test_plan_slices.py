@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import at, cluster, iso, job_body, lease, observed, pod, running_status
+from tests.unit.builders import (
+    at,
+    cluster,
+    iso,
+    job_body,
+    lease,
+    observed,
+    pod,
+    reported,
+    running_status,
+)
 
 from tpujob.api import contract, labels
 from tpujob.plan.planner import plan
@@ -344,3 +354,88 @@ def test_a_job_kept_whole_starts_its_next_attempt_with_no_new_pod() -> None:
     assert not [o for o in result.create if o["kind"] == "Pod"]
     assert result.delete_pods == ()
     assert result.status.current_attempt.launched_time == at(41)
+
+
+SIGKILL_EXIT = 137
+PEER_LOST_EXIT = int(contract.ExitCode.COLLECTIVE_FAILURE)
+
+
+@pytest.mark.parametrize(
+    ("slices", "reports", "now", "want_kept", "want_deleted"),
+    [
+        ("one slice, worker 1 killed", {(0, 1): SIGKILL_EXIT}, 12, [(0, 1)], []),
+        (
+            "one slice, the peer's echo came first",
+            {(0, 0): PEER_LOST_EXIT, (0, 1): SIGKILL_EXIT},
+            12,
+            [(0, 1)],
+            [],
+        ),
+        ("two slices, a worker of slice 1", {(1, 0): SIGKILL_EXIT}, 12, [(0, 1), (1, 1)], []),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_reported_soft_failure_restarts_every_trainer_in_its_pod(
+    slices: str,
+    reports: dict[tuple[int, int], int],
+    now: float,
+    want_kept: list[tuple[int, int]],
+    want_deleted: list[str],
+) -> None:
+    count = 2 if "two" in slices else 1
+    job = hung_job(count)
+    pods = [pod(job, 1, s, w) for s in range(count) for w in range(2)]
+    body = beat()
+    for (s, w), code in reports.items():
+        reported(body, s, w, exit_code=code, at_seconds=10)
+    result = plan(observed(job, pods, heartbeat=body), now=at(now))
+    assert result.status.attempt == 2 and result.status.restarts.soft == 1
+    assert kept(result) == want_kept
+    assert deleted(result) == want_deleted
+    assert result.status.last_failure is not None
+    assert "every trainer restarted in its pod" in (result.status.last_failure.action or "")
+
+
+@pytest.mark.parametrize(
+    ("case", "report", "want_deleted"),
+    [
+        ("a deterministic error", {"exit_code": int(contract.ExitCode.SHAPE_MISMATCH)}, None),
+        ("a report of another job", {"job_uid": "someone-else"}, ()),
+        ("a report of another attempt", {"attempt": 2}, ()),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_reported_failure_that_is_not_soft_or_not_this_attempts_is_not_restarted_in_place(
+    case: str, report: dict[str, Any], want_deleted: tuple[str, ...] | None
+) -> None:
+    job = hung_job(1)
+    pods = [pod(job, 1, 0, w) for w in range(2)]
+    body = reported(beat(), 0, 1, at_seconds=10, **{"exit_code": SIGKILL_EXIT, **report})
+    result = plan(observed(job, pods, heartbeat=body), now=at(12))
+    if want_deleted == ():
+        assert result.status.attempt == 1 and result.status.last_failure is None
+        return
+    assert result.status.phase == "Failed"
+    assert kept(result) == []
+
+
+def test_a_reported_failure_on_a_node_lost_meanwhile_replaces_the_pods() -> None:
+    job = hung_job(1)
+    pods = [pod(job, 1, 0, w) for w in range(2)]
+    gone = [n for n in cluster() if n["metadata"]["name"] != "pool-0-w1"]
+    body = reported(beat(), 0, 1, at_seconds=10)
+    result = plan(observed(job, pods, nodes=gone, heartbeat=body), now=at(200))
+    assert result.status.attempt == 2
+    assert kept(result) == []
+
+
+def test_a_lost_peer_reported_alone_waits_for_the_root_then_counts() -> None:
+    job = hung_job(1)
+    pods = [pod(job, 1, 0, w) for w in range(2)]
+    body = reported(beat(), 0, 0, exit_code=PEER_LOST_EXIT, at_seconds=10)
+    early = plan(observed(job, pods, heartbeat=body), now=at(15))
+    assert early.status.attempt == 1 and early.status.last_failure is None
+    late = plan(observed(job, pods, heartbeat=body), now=at(25))
+    assert late.status.attempt == 2
+    assert late.status.last_failure is not None
+    assert late.status.last_failure.pod == "train-1-0-0"
