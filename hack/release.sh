@@ -45,6 +45,9 @@ for image in "${chosen[@]}"; do
   [[ -n ${names[$image]:-} ]] || die "unknown image $image (known: ${!names[*]})"
 done
 
+if [[ -n $(git status --porcelain --untracked-files=no -- Dockerfile operator trainer_image requirements pyproject.toml 2>/dev/null) ]]; then
+  printf 'release: warning: the images are built from uncommitted changes (git status)\n' >&2
+fi
 # Built when their inputs changed (and checked then), and checked again whatever: what is pushed
 # has just run as its pods run it.
 IMAGE_REGISTRY=$built_registry IMAGE_TAG=$tag hack/build-images.sh "${chosen[@]}"
@@ -82,6 +85,8 @@ image:
   tag: "$tag"
   digest: "${pushed[operator]}"
 YAML
+else
+  rm -f "$out/values-release.yaml"  # an earlier release's, which would name another operator
 fi
 printf '== pushed (%s/release-images.txt):\n' "$out" >&2
 cat "$out/release-images.txt"
