@@ -23,9 +23,10 @@ OPERATOR_APP = "tpujob-operator"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 INSTALL = "helm install tpujob-operator charts/tpujob-operator -n tpujob-system --create-namespace"
 _PULL_ACTION = (
-    "the image cannot be pulled: build and push it (Dockerfile at the repository's root) to a "
-    "registry the cluster can read, then helm upgrade --set image.repository=REPO "
-    "--set image.tag=TAG (and imagePullSecrets for a private registry)"
+    "the image cannot be pulled: push the images to a registry the cluster can read "
+    "(make release REGISTRY=REGION-docker.pkg.dev/PROJECT/REPO, from a checkout), then "
+    "helm upgrade ... -f dist/values-release.yaml (and imagePullSecrets for a private "
+    "registry outside the project)"
 )
 
 

@@ -249,7 +249,7 @@ def waiting_operator(reason: str, message: str) -> dict[str, Any]:
         (
             waiting_operator("ImagePullBackOff", 'Back-off pulling image "ghcr.io/tpujob/x:0.1.0"'),
             'ImagePullBackOff (Back-off pulling image "ghcr.io/tpujob/x:0.1.0")',
-            "image.repository",
+            "make release REGISTRY=",
         ),
         (waiting_operator("CrashLoopBackOff", "back-off 5m0s"), "CrashLoopBackOff", "--previous"),
         (
