@@ -45,6 +45,7 @@
 # Environment: TPUJOB_CACHE, DEBIAN_MIRROR (default http://deb.debian.org/debian),
 #              KIND_NODE_IMAGE (default tpujob.dev/kind-node:KUBERNETES_VERSION-KEY)
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 cache=${TPUJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpujob}/kind
@@ -150,7 +151,10 @@ build_image() {
   local ref=$1 ctx=$2 key=$3
   if [[ $(docker image inspect -f '{{index .Config.Labels "dev.tpujob.inputs"}}' "$ref" 2>/dev/null) != "$key" ]]; then
     log "$ref: building"
-    docker build -q --network none --label "dev.tpujob.inputs=$key" -t "$ref" "$ctx" >/dev/null
+    # Quiet when it works (the legacy builder's deprecation notice included), all when not.
+    local out
+    out=$(docker build -q --network none --label "dev.tpujob.inputs=$key" -t "$ref" "$ctx" 2>&1) ||
+      { printf '%s\n' "$out" >&2; die "building $ref failed"; }
   fi
   rm -rf "$ctx"
 }
@@ -280,10 +284,12 @@ node_image() {
     "      systemd-modules-load.service systemd-remount-fs.service apt-daily.timer \\" \
     "      apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer e2scrub_reap.service \\" \
     " && systemctl set-default multi-user.target \\" \
-    " && : >/etc/machine-id && ln -sf /etc/machine-id /var/lib/dbus/machine-id" >"$ctx/Dockerfile"
-  # The node's name: the Kubernetes version and the hash of every input (the base, the files,
-  # the binaries, and the images to preload, by id).
+    " && : >/etc/machine-id && ln -sf /etc/machine-id /var/lib/dbus/machine-id" \
+    "ENV container=docker" "STOPSIGNAL SIGRTMIN+3" >"$ctx/Dockerfile"
+  # The node's name: the Kubernetes version and the hash of every input (this script, the base,
+  # the files, the binaries, and the images to preload, by id).
   key=$( {
+    cat "$0"
     docker image inspect -f '{{.Id}}' "$base"
     context_key "$ctx"
     for ref in "${images[@]}"; do echo "$ref"; docker image inspect -f '{{.Id}}' "$ref"; done
@@ -303,21 +309,19 @@ node_image() {
   docker save "${images[@]}" >"$archive"
   container=tpujob-kind-node-build-${key:0:12}
   docker rm -f "$container" >/dev/null 2>&1 || true
-  docker run --name "$container" --privileged --network none --entrypoint /bin/bash \
+  docker run --name "$container" --network none --entrypoint /bin/bash \
     -v "$archive:/images.tar:ro" "$ref-stage" -euc '
       mkdir -p /run/containerd
       containerd >/tmp/containerd.log 2>&1 &
       for _ in $(seq 100); do ctr version >/dev/null 2>&1 && break; sleep 0.2; done
       ctr --namespace=k8s.io images import --all-platforms --no-unpack --digests /images.tar >/dev/null
-      ctr --namespace=k8s.io images list -q | grep -v "^sha256:" | sort
+      ctr --namespace=k8s.io images list -q | grep -v "^sha256:\|^import-" | sort
       kill %1
       wait || true
       rm -rf /tmp/* /run/containerd' >&2
   docker commit \
     --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
     --change 'CMD []' \
-    --change 'ENV container=docker' \
-    --change 'STOPSIGNAL SIGRTMIN+3' \
     --change "LABEL dev.tpujob.inputs=$key" \
     "$container" "$ref" >/dev/null
   docker rm "$container" >/dev/null
