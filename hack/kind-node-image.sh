@@ -327,6 +327,11 @@ node_image() {
   docker rm "$container" >/dev/null
   docker rmi "$ref-stage" >/dev/null
   rm -f "$archive"
+  # Node images of earlier inputs are over a gigabyte each: remove those no container uses.
+  local old
+  for old in $(docker image ls --format '{{.Repository}}:{{.Tag}}' tpujob.dev/kind-node); do
+    [[ $old == "$ref" ]] || docker rmi "$old" >/dev/null 2>&1 || true
+  done
   echo "$ref"
 }
 
