@@ -3,9 +3,16 @@
 # kind-config.yaml, build and load the images, install the chart, run a CPU-backed job, stop
 # the Docker container of a node running one of its trainer pods, and wait for the operator to
 # diagnose the hard failure, move the slice to the other node pool, and finish the job.
-# Needs docker, kind, kubectl and helm on PATH. KEEP=1 leaves the cluster up afterwards.
+# Needs docker; kind, its node image (hack/kind-node-image.sh), kubectl and helm are built from
+# the Go modules pinned under tools/ when missing. KEEP=1 leaves the cluster up afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+node_image=$(hack/kind-node-image.sh | tail -n1)
+cache=${TPUJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpujob}
+kind_version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/kind" {print $3}' tools/kind/go.mod)
+# tools/kind/privileged first: kind's docker, for hosts whose capability bounding set is incomplete.
+PATH="$PWD/tools/kind/privileged:$cache/kind/bin/kind-$kind_version:$(tools/build-control-plane.sh | tail -n1):$PATH"
 
 cluster=${CLUSTER:-tpujob-e2e}
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)
@@ -58,7 +65,7 @@ wait_until() {
 
 step "create kind cluster $cluster"
 kind create cluster --name "$cluster" --config kind-config.yaml --kubeconfig "$KUBECONFIG" \
-  --wait 180s
+  --image "$node_image" --wait 300s
 
 step "build and load images"
 IMAGE_TAG=$version hack/build-images.sh operator trainer-cpu
