@@ -41,7 +41,11 @@
 # and the images in Docker are tagged by the hash of their inputs: a second run with nothing
 # changed builds nothing. The node image's name is printed on the last line.
 #
-# Usage: hack/kind-node-image.sh [binaries]   (binaries: step 1 only)
+# kind runs nodes with --privileged, which Docker before 23 cannot do where the host's capability
+# bounding set is incomplete: tools/kind/privileged/docker, first on PATH for kind, stands in
+# there (docs/kind.md).
+#
+# Usage: hack/kind-node-image.sh [binaries | rootfs]   (only step 1, or only the root file systems)
 # Environment: TPUJOB_CACHE, DEBIAN_MIRROR (default http://deb.debian.org/debian),
 #              KIND_NODE_IMAGE (default tpujob.dev/kind-node:KUBERNETES_VERSION-KEY)
 set -euo pipefail
