@@ -480,7 +480,10 @@ def test_a_transient_read_error_restoring_the_newest_step_deletes_nothing_and_re
     status = run.wait_phase("Succeeded")
     assert status["restarts"]["total"] == 1, status.get("timeline")
     assert status["currentAttempt"]["resumedStep"] > 50
-    log = run.core.read_namespaced_pod_log("restore-2-0-0", namespace)
+    # Attempt 2's worker 0: its own pod restarted in place (restore-1-0-0, relabelled) after a
+    # crash its supervisor reported, or a new pod (restore-2-0-0) when the report was not seen.
+    worker0 = next(p for p in run.pods(2) if p.metadata.labels[labels.WORKER] == "0")
+    log = run.core.read_namespaced_pod_log(worker0.metadata.name, namespace)
     assert "checkpoint step 50: transient read error" in log
     assert "moved aside" not in log and "falling back" not in log
     assert not list(tmp_path.rglob("corrupt"))  # nothing was judged corrupt or set aside

@@ -303,6 +303,16 @@ def test_a_report_the_lease_refused_ends_a_root_failure_at_once(tmp_path: Path) 
     assert time.monotonic() - started < 20 and len(reports.seen) == 1
 
 
+def test_a_fenced_process_is_not_reported_and_held_only_as_a_lost_peer(tmp_path: Path) -> None:
+    # An orphan of a deleted job, fenced by the new job that took its Lease, must end soon.
+    reports = Reports()
+    code = int(contract.ExitCode.FENCED)
+    started = time.monotonic()
+    run = supervisor(tmp_path, hold=0.2, reporter=reports, reported_hold=30, a1=f"exit:{code}")
+    assert run.run() == code
+    assert reports.seen == [] and time.monotonic() - started < 20
+
+
 def test_a_successful_end_is_never_reported(tmp_path: Path) -> None:
     reports = Reports()
     assert supervisor(tmp_path, reporter=reports, a1="exit:0").run() == 0

@@ -50,6 +50,7 @@ from tpujob_trainer.contract import (
     MAX_REJOIN_BYTES,
     PEER_LOST_EXIT_CODES,
     TERMINATION_MESSAGE_PATH,
+    ExitCode,
     Rejoin,
     parse_rejoin,
 )
@@ -197,8 +198,10 @@ class Supervisor:
         self, env: Mapping[str, str], attempt: int, code: int, ooms: int | None
     ) -> float | None:
         """How long to hold the pod for an order after the child returned `code`; None: end
-        it now."""
-        if self.reporter is not None:
+        it now. A fenced process is no failure to report: a newer attempt, or another job,
+        owns the checkpoints, and only an order for a newer attempt can bring this pod back
+        (a kept slice's), so it is held as one that lost a peer."""
+        if self.reporter is not None and code != ExitCode.FENCED:
             report = report_of(
                 env, attempt=attempt, returncode=code, oom_before=ooms, oom_after=oom_kills()
             )
