@@ -479,7 +479,8 @@ def test_valid_job_of_every_generation_is_accepted(
     body = valid_job(f"gen-{accelerator}")
     body["spec"]["tpu"] = {"accelerator": accelerator, "topology": topo, "slices": slices}
     created = create(api, admission_namespace, body)
-    assert created["spec"]["tpu"] == {"provisioning": "ExistingPools", **body["spec"]["tpu"]}
+    defaults = {"provisioning": "ExistingPools", "spares": 0}
+    assert created["spec"]["tpu"] == {**defaults, **body["spec"]["tpu"]}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
@@ -488,7 +489,7 @@ def test_example_is_accepted(
 ) -> None:
     body = yaml.safe_load(path.read_text())
     created = create(api, admission_namespace, body)
-    defaults = {"slices": 1, "provisioning": "ExistingPools"}
+    defaults = {"slices": 1, "provisioning": "ExistingPools", "spares": 0}
     assert created["spec"]["tpu"] == {**defaults, **body["spec"]["tpu"]}
 
 
