@@ -3,11 +3,16 @@
 # kind-config.yaml, build and load the images, install the chart, run a CPU-backed job, stop
 # the Docker container of a node running one of its trainer pods, and wait for the operator to
 # diagnose the hard failure, move the slice to the other node pool, and finish the job.
-# Needs docker; kind, its node image (hack/kind-node-image.sh), kubectl and helm are built from
-# the Go modules pinned under tools/ when missing. KEEP=1 leaves the cluster up afterwards.
+# It ends with the job's `tpujob describe` (progress, restarts, timeline), as `make demo` does.
+# Docker (and debootstrap) come from the distribution's packages when missing and the daemon is
+# started when it is not running (hack/ensure-docker.sh); kind, its node image
+# (hack/kind-node-image.sh), kubectl and helm are built from the Go modules pinned under tools/,
+# and the virtual environment made, when missing. KEEP=1 leaves the cluster up afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+hack/ensure-docker.sh
+make -s venv
 node_image=$(hack/kind-node-image.sh | tail -n1)
 cache=${TPUJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpujob}
 kind_version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/kind" {print $3}' tools/kind/go.mod)
@@ -103,6 +108,6 @@ wait_until -ge 1 600 "hard restarts" \
   kubectl get "tpujob/$job" -o jsonpath='{.status.restarts.hard}'
 wait_until = Running 600 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
 wait_until = Succeeded 1200 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
-kubectl get "tpujob/$job" -o wide
-kubectl get "tpujob/$job" -o jsonpath='{.status.lastFailure}{"\n"}'
+step "tpujob describe $job"
+PYTHONPATH=operator .venv/bin/python -m tpujob.cli describe "$job" -n default
 echo "e2e-kind passed: $job recovered from losing $victim and succeeded"

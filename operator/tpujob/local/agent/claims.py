@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tpujob.local.agent import hostpaths
+
 
 class ClaimError(RuntimeError):
     """The claim cannot be mounted; the pod fails to start with this message."""
@@ -56,7 +58,14 @@ def claim_path(namespace: str, claim_name: str, lookups: ClaimLookups) -> Path:
             f'persistentvolume "{pv_name}": only hostPath and local volumes mount on the local node'
         )
     path = Path(source["path"])
-    if not path.is_dir():
+    if "hostPath" in spec:
+        # The kubelet's hostPath plugin, as for a pod's own hostPath volume: DirectoryOrCreate
+        # makes the folder, an untyped path is not checked.
+        try:
+            return hostpaths.prepare(path, source.get("type"))
+        except hostpaths.HostPathError as err:
+            raise ClaimError(f'persistentvolume "{pv_name}": {err}') from err
+    if not path.is_dir():  # a local volume's path must exist: the kubelet makes none
         raise ClaimError(f'persistentvolume "{pv_name}": {path} is not a directory')
     return path
 

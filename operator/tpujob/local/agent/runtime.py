@@ -52,8 +52,8 @@ class Terminated:
             state["message"] = self.message
         if self.started_at is not None:
             state["startedAt"] = rfc3339(self.started_at)
-        if self.signal:
-            state["signal"] = self.signal
+        # No `signal`: the kubelet never sets that field, a signal shows only as 128+N in
+        # the exit code (docs/kubelet-fidelity.md), so the operator must read it from there.
         return {"terminated": state}
 
 
@@ -290,7 +290,15 @@ def restart_delay(restart_count: int) -> float:
     return float(min(RESTART_BACKOFF_MAX, 2 ** max(0, restart_count - 1)))
 
 
-OWNED_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+# The conditions the kubelet writes on every status update (PodScheduled too: it sets it True
+# even for a pod bound by `nodeName`, which no scheduler saw).
+OWNED_CONDITIONS = (
+    "PodReadyToStartContainers",
+    "Initialized",
+    "ContainersReady",
+    "Ready",
+    "PodScheduled",
+)
 
 
 TPU_RESOURCE = "google.com/tpu"
@@ -361,10 +369,14 @@ def pod_status(
             "status": status,
             "lastTransitionTime": since or stamp,
         }
-        if not value and kind in ("Ready", "ContainersReady") and phase != "Pending":
-            cond["reason"] = (
-                "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
-            )
+        if not value and kind in ("Ready", "ContainersReady"):
+            # The kubelet's reasons (pkg/kubelet/status/generate.go), as measured on kind.
+            if phase in ("Succeeded", "Failed"):
+                cond["reason"] = "PodCompleted" if phase == "Succeeded" else "PodFailed"
+            else:
+                cond["reason"] = "ContainersNotReady"
+                unready = " ".join(c.name for c in rt.containers if not c.running())
+                cond["message"] = f"containers with unready status: [{unready}]"
         return cond
 
     conditions = [
@@ -372,6 +384,7 @@ def pod_status(
         condition("Initialized", True),
         condition("ContainersReady", ready),
         condition("Ready", ready),
+        condition("PodScheduled", True),
         *kept,
     ]
     statuses = []

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tpujob.local.agent import hostpaths
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -168,12 +170,12 @@ def prepare_volumes(
         if "emptyDir" in vol:
             target.mkdir(parents=True, exist_ok=True)
         elif "hostPath" in vol:
-            target = Path(vol["hostPath"]["path"])
-            kind = vol["hostPath"].get("type", "")
-            if kind == "DirectoryOrCreate":
-                target.mkdir(parents=True, exist_ok=True)
-            elif not target.exists() and kind not in ("", "FileOrCreate"):
-                raise StartError(f"hostPath {target} for volume {name!r} does not exist")
+            try:
+                target = hostpaths.prepare(
+                    Path(vol["hostPath"]["path"]), vol["hostPath"].get("type")
+                )
+            except hostpaths.HostPathError as err:
+                raise StartError(f"volume {name!r}: {err}") from err
         elif "persistentVolumeClaim" in vol:
             if claim_path is None:
                 raise StartError(f"volume {name!r}: this node cannot look up claims")
