@@ -23,6 +23,7 @@ Safety rules (see `restore_policy` for the evidence and `fencing` for the token)
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import time
@@ -58,13 +59,22 @@ ROLLED_BACK_FOLDER = "rolled-back"
 State = Any
 
 
+class Source(enum.StrEnum):
+    """Which tier a restored step was read from (see `tiers`)."""
+
+    PERSISTENT = "persistent"
+    LOCAL = "local"
+    PEER = "peer"
+
+
 @dataclass(frozen=True)
 class Restored:
-    """The result of a resume: the state, its step, and the newer steps set aside."""
+    """The result of a resume: the state, its step, the newer steps set aside, and the tier."""
 
     state: State
     step: int
     skipped: tuple[int, ...] = ()
+    source: Source = Source.PERSISTENT
 
 
 @dataclass(frozen=True)
@@ -116,10 +126,13 @@ class Checkpoints:
         self._pending: int | None = None
         self._committed: int | None = None
 
-    def latest_step(self) -> int | None:
-        """The newest committed step, or None."""
-        step = self._manager.latest_step()
-        return None if step is None else int(step)
+    def latest_step(self, at_most: int | None = None) -> int | None:
+        """The newest committed step (at or before `at_most`), or None."""
+        if at_most is None:
+            step = self._manager.latest_step()
+            return None if step is None else int(step)
+        steps = [int(s) for s in self._manager.all_steps() if int(s) <= at_most]
+        return max(steps, default=None)
 
     def committed_step(self) -> int | None:
         """The newest step whose save has committed on every process (None before any)."""
@@ -226,6 +239,15 @@ class Checkpoints:
             return None
         return Restored(state=state, step=agreed, skipped=corrupt)
 
+    def roll_back_after(self, step: int) -> None:
+        """Move the steps after `step` aside into `rolled-back/` (a rollback restored from
+        another tier). Collective."""
+        newer = tuple(int(s) for s in self._manager.all_steps() if int(s) > step)
+        agreed = gather_ints([len(newer)])
+        if any(row[0] for row in agreed):
+            # Every process joins the move's barriers, even one whose listing was empty.
+            self._set_aside(newer, ROLLED_BACK_FOLDER, joined=True)
+
     def _read(self, step: int, abstract: State) -> State | _Corrupt | _Unreadable:
         """One step, with transient errors retried; the state or why it did not load."""
 
@@ -261,9 +283,9 @@ class Checkpoints:
             evidence = Evidence.MISSING_ITEM
         return evidence
 
-    def _set_aside(self, steps: tuple[int, ...], folder: str) -> None:
+    def _set_aside(self, steps: tuple[int, ...], folder: str, *, joined: bool = False) -> None:
         """Move `steps` into `folder` (process 0 moves; everybody waits for it)."""
-        if not steps:
+        if not steps and not joined:
             return
         gather_ints([0])  # every process has finished reading before anything moves
         if jax.process_index() == 0:

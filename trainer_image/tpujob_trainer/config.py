@@ -25,6 +25,8 @@ from tpujob_trainer.contract import (
     ENV_HEALTH_EVERY,
     ENV_HEARTBEAT_LEASE,
     ENV_JOB_UID,
+    ENV_LOCAL_CHECKPOINT_DIR,
+    ENV_LOCAL_CHECKPOINT_INTERVAL,
     ENV_NAMESPACE,
     ENV_RESUME_STEP,
     ENV_SKIP_BATCHES,
@@ -88,6 +90,9 @@ class TrainerConfig:
     # Run by the rejoin supervisor (`tpujob_trainer.rejoin`): said on the heartbeat, so the
     # operator may keep this pod when another slice is replaced.
     rejoins: bool = False
+    # The fast local checkpoint tier (`tiers`): its folder and save interval; None: no tier.
+    local_checkpoint_dir: str | None = None
+    local_checkpoint_interval: int = 0
 
     @property
     def process_id(self) -> int:
@@ -262,7 +267,19 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         namespace=env.get(ENV_NAMESPACE) or "default",
         job_uid=env.get(ENV_JOB_UID) or None,
         rejoins=env.get(ENV_SUPERVISED) == "1",
+        local_checkpoint_dir=env.get(ENV_LOCAL_CHECKPOINT_DIR) or None,
+        local_checkpoint_interval=_local_interval(env),
     )
+
+
+def _local_interval(env: Mapping[str, str]) -> int:
+    """The local tier's save interval (0 without a tier); a bad value is a config error."""
+    if not env.get(ENV_LOCAL_CHECKPOINT_DIR):
+        return 0
+    interval = _int(env.get(ENV_LOCAL_CHECKPOINT_INTERVAL) or "1", ENV_LOCAL_CHECKPOINT_INTERVAL)
+    if interval < 1:
+        raise TrainerError(ExitCode.CONFIG_ERROR, f"{ENV_LOCAL_CHECKPOINT_INTERVAL} must be >= 1")
+    return interval
 
 
 def load_loop_config(

@@ -23,6 +23,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_HEALTH_STEP,
     HEARTBEAT_INPUT_BOUND_FRACTION,
     HEARTBEAT_JOB_UID,
+    HEARTBEAT_LOCAL_CHECKPOINT_STEP,
     HEARTBEAT_LOSS,
     HEARTBEAT_REJOINS,
     HEARTBEAT_SAVE_SECONDS,
@@ -96,6 +97,7 @@ class Progress:
     health: Health | None = None
     rejoins: bool = False
     save_seconds: float | None = None
+    local_checkpoint_step: int | None = None
 
 
 def health_annotations(health: Health) -> dict[str, str]:
@@ -125,6 +127,11 @@ def lease_patch(progress: Progress, now: datetime, job_uid: str | None = None) -
                 HEARTBEAT_ATTEMPT: str(progress.attempt),
                 HEARTBEAT_REJOINS: "true" if progress.rejoins else "false",
                 **({HEARTBEAT_JOB_UID: job_uid} if job_uid else {}),
+                **(
+                    {HEARTBEAT_LOCAL_CHECKPOINT_STEP: str(progress.local_checkpoint_step)}
+                    if progress.local_checkpoint_step is not None
+                    else {}
+                ),
                 **(
                     {HEARTBEAT_SAVE_SECONDS: f"{progress.save_seconds:.3g}"}
                     if progress.save_seconds is not None

@@ -23,8 +23,12 @@ from tpujob_trainer.preflight import check_devices, probe_jax
 
 if TYPE_CHECKING:
     from tpujob_trainer.checkpointing import Checkpoints
+    from tpujob_trainer.tiers import TieredCheckpoints
 
 log = logging.getLogger("tpujob_trainer")
+
+# Steps the local tier keeps: the newest, and the one before it while the next is written.
+LOCAL_KEEP = 2
 
 
 class Loop:
@@ -178,19 +182,39 @@ def save_gate(
     )
 
 
-def open_checkpoints(config: TrainerConfig, gate: SaveGate | None) -> Checkpoints | None:
-    """The job's checkpoints (fenced by `gate`), or None without a checkpoint directory."""
+def open_checkpoints(
+    config: TrainerConfig, gate: SaveGate | None
+) -> Checkpoints | TieredCheckpoints | None:
+    """The job's checkpoints (fenced by `gate`), or None without a checkpoint directory;
+    with a local tier as well when the pod has one (`tiers`)."""
     if not config.checkpoint_dir:
         log.warning("no checkpoint directory: progress is lost if this process stops")
         return None
     from tpujob_trainer.checkpointing import Checkpoints
 
-    return Checkpoints(
+    tiered = config.local_checkpoint_dir is not None
+    persistent = Checkpoints(
         config.checkpoint_dir,
         keep=config.keep,
         attempt=config.attempt,
-        gate=gate,
+        # With tiers the gate is asked once per step, for both tiers, by `TieredCheckpoints`.
+        gate=None if tiered else gate,
         read_error_from=restore_error_from(
             config.faults, worker=config.process_id, attempt=config.attempt
         ),
     )
+    if config.local_checkpoint_dir is None:
+        return persistent
+    from tpujob_trainer.local_tier import LocalTier
+    from tpujob_trainer.tiers import TieredCheckpoints
+
+    log.info(
+        "local checkpoint tier %s: every %d steps (persistent every %d)",
+        config.local_checkpoint_dir,
+        config.local_checkpoint_interval,
+        config.checkpoint_interval,
+    )
+    local = LocalTier(
+        config.local_checkpoint_dir, keep=LOCAL_KEEP, attempt=config.attempt, job_uid=config.job_uid
+    )
+    return TieredCheckpoints(persistent, local, gate=gate, process_index=config.process_id)

@@ -55,6 +55,7 @@ from tpujob_trainer.step_driver import StepDriver
 
 if TYPE_CHECKING:
     from tpujob_trainer.checkpointing import Checkpoints
+    from tpujob_trainer.tiers import TieredCheckpoints
 
 log = logging.getLogger("tpujob_trainer.sdk")
 
@@ -99,7 +100,7 @@ class Job(runtime.Loop):
     def __init__(self, config: TrainerConfig, *, guard: LossGuard | None = None) -> None:
         super().__init__(config)
         self._guard = guard or LossGuard()
-        self._checkpoints: Checkpoints | None = None
+        self._checkpoints: Checkpoints | TieredCheckpoints | None = None
         self._driver: StepDriver | None = None
 
     @property

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -83,6 +83,19 @@ class Saver(Protocol):
 
     def close(self) -> int | None:
         """Wait for the pending saves and release the saver; the committed step."""
+        ...
+
+
+@runtime_checkable
+class LocalSaver(Protocol):
+    """A saver with a fast local tier too (`tiers.TieredCheckpoints`)."""
+
+    def save_local(self, step: int, state: State) -> bool:
+        """Start saving `state` as `step` to the local tier only; False when not saved."""
+        ...
+
+    def local_committed_step(self) -> int | None:
+        """This process's newest step committed to the local tier."""
         ...
 
 
@@ -251,11 +264,23 @@ class StepDriver:
         self._rate_window = (started, steps)
 
     def _save_if_due(self, step: int, state: State) -> None:
-        """Save on the interval, at the last step and on a stop; note what has committed."""
+        """Save on the interval, at the last step and on a stop (to every tier), and to the
+        local tier alone on its own interval; note what has committed."""
         cfg = self._config
         if self._saver is None:
             return
-        if step % cfg.checkpoint_interval == 0 or step == cfg.steps or self.stopping:
+        local = self._saver if isinstance(self._saver, LocalSaver) else None
+        persistent_due = step % cfg.checkpoint_interval == 0 or step == cfg.steps or self.stopping
+        if (
+            local is not None
+            and not persistent_due
+            and cfg.local_checkpoint_interval
+            and step % cfg.local_checkpoint_interval == 0
+        ):
+            # Not counted in the save cost the heartbeat reports: that one prices the
+            # persistent interval, which the operator's cadence advice is about.
+            local.save_local(step, state)
+        if persistent_due:
             began = self._clock()
             saved = self._saver.save(step, state)
             if saved:
@@ -287,5 +312,8 @@ class StepDriver:
             self._health,
             rejoins=cfg.rejoins,
             save_seconds=self._saves[1] / self._saves[0] if self._saves[0] else None,
+            local_checkpoint_step=(
+                self._saver.local_committed_step() if isinstance(self._saver, LocalSaver) else None
+            ),
         )
         self._heartbeat.progress(self._published)

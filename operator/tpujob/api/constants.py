@@ -26,6 +26,9 @@ SCRATCH_VOLUME = "tmp"
 REJOIN_MOUNT_PATH = "/var/run/tpujob"
 REJOIN_VOLUME = "tpujob-rejoin"
 CHECKPOINT_VOLUME = "checkpoints"
+# The fast local checkpoint tier (spec.checkpoint.local): a memory-backed emptyDir per pod.
+LOCAL_CHECKPOINT_MOUNT_PATH = "/var/lib/tpujob/local-checkpoints"
+LOCAL_CHECKPOINT_VOLUME = "tpujob-local-checkpoints"
 
 # Bounds on user input.
 # Leaves room in a 63-character DNS label for the suffixes of derived pod and service names.

@@ -58,6 +58,11 @@ ENV_RESUME_STEP = "TPUJOB_RESUME_STEP"
 ENV_SKIP_BATCHES = "TPUJOB_SKIP_BATCHES"
 # How many steps between two gathers of the workers' health numbers (default 20).
 ENV_HEALTH_EVERY = "TPUJOB_HEALTH_EVERY_STEPS"
+# The fast local checkpoint tier (spec.checkpoint.local): a memory-backed folder of the pod,
+# which outlives a training process restarted in place and dies with the pod, and how many
+# steps between two saves to it (the persistent folder keeps ENV_CHECKPOINT_INTERVAL).
+ENV_LOCAL_CHECKPOINT_DIR = "TPUJOB_LOCAL_CHECKPOINT_DIR"
+ENV_LOCAL_CHECKPOINT_INTERVAL = "TPUJOB_LOCAL_CHECKPOINT_INTERVAL_STEPS"
 
 # The file a trainer pod's rejoin order is projected to (downward API; see the module's note).
 ENV_REJOIN_FILE = "TPUJOB_REJOIN_FILE"
@@ -82,6 +87,9 @@ HEARTBEAT_TOTAL_STEPS = "tpujob.dev/total-steps"
 HEARTBEAT_LOSS = "tpujob.dev/loss"
 HEARTBEAT_STEPS_PER_SECOND = "tpujob.dev/steps-per-second"
 HEARTBEAT_CHECKPOINT_STEP = "tpujob.dev/checkpoint-step"
+# Worker 0's newest step committed to its local tier (empty without one): newer than the
+# checkpoint step, which counts the persistent tier only (what survives losing the pods).
+HEARTBEAT_LOCAL_CHECKPOINT_STEP = "tpujob.dev/local-checkpoint-step"
 HEARTBEAT_ATTEMPT = "tpujob.dev/attempt"
 # The uid of the job whose trainer beats (`ENV_JOB_UID`). A job deleted with its pods orphaned
 # and applied again under its name shares the Lease with the earlier job's trainers, which beat

@@ -12,7 +12,7 @@ from pydantic.config import JsonDict
 from tpujob.api import cel as topology_cel
 from tpujob.api import constants as c
 from tpujob.api import topology as topology_table
-from tpujob.api.base import DnsSubdomain, SpecModel, cel, validations
+from tpujob.api.base import DnsSubdomain, Quantity, SpecModel, cel, validations
 from tpujob.api.enums import Framework, Provisioning
 from tpujob.api.recovery import RecoverySpec
 from tpujob.api.trainer import TrainerSpec
@@ -20,6 +20,9 @@ from tpujob.api.trainer import TrainerSpec
 DEFAULT_CHECKPOINT_INTERVAL_STEPS = 100
 DEFAULT_CHECKPOINT_KEEP = 3
 DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
+DEFAULT_LOCAL_CHECKPOINT_INTERVAL_STEPS = 10
+# The local tier holds two steps of one host's state; a small model's fits many times over.
+DEFAULT_LOCAL_CHECKPOINT_SIZE = "2Gi"
 # Cloud Storage only: every trainer image carries what orbax needs for it (gcsfs and
 # TensorStore's GCS driver). A bucket name is 3-222 characters of lowercase letters, digits,
 # '-', '_' and '.', starting and ending with a letter or digit. A local directory is a volume
@@ -219,6 +222,27 @@ class CheckpointVolume(SpecModel):
         return path
 
 
+class LocalCheckpointSpec(SpecModel):
+    """The fast local checkpoint tier: a memory-backed volume on each host."""
+
+    interval_steps: int = Field(
+        default=DEFAULT_LOCAL_CHECKPOINT_INTERVAL_STEPS,
+        ge=1,
+        description=(
+            "Save to the local tier every this many steps (the persistent folder keeps "
+            "spec.checkpoint.intervalSteps). A training process restarted in its pod restores "
+            "from it; a replaced pod from a peer's copy, or the persistent folder."
+        ),
+    )
+    size_limit: Quantity = Field(
+        default=DEFAULT_LOCAL_CHECKPOINT_SIZE,
+        description=(
+            "Size of each pod's memory-backed volume (two steps of one host's state); it "
+            "counts against the trainer's memory limit."
+        ),
+    )
+
+
 class CheckpointSpec(SpecModel):
     """Where checkpoints live and how often they are taken."""
 
@@ -256,6 +280,13 @@ class CheckpointSpec(SpecModel):
         ge=1,
         le=1000,
         description="Number of most recent checkpoints kept.",
+    )
+    local: LocalCheckpointSpec | None = Field(
+        default=None,
+        description=(
+            "A fast local tier besides the persistent folder: each pod saves to a "
+            "memory-backed volume every local.intervalSteps steps. Off when absent."
+        ),
     )
 
     @field_validator("uri", mode="before")

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpujob.api import Framework, Provisioning, TPUTrainingJob, contract, labels
-from tpujob.api.constants import CHECKPOINT_VOLUME, REJOIN_MOUNT_PATH, REJOIN_VOLUME
+from tpujob.api.constants import (
+    CHECKPOINT_VOLUME,
+    LOCAL_CHECKPOINT_MOUNT_PATH,
+    LOCAL_CHECKPOINT_VOLUME,
+    REJOIN_MOUNT_PATH,
+    REJOIN_VOLUME,
+)
 from tpujob.plan import pod_security
 from tpujob.plan.pod_template import add_template
 
@@ -151,6 +157,9 @@ def trainer_env(
         values[contract.ENV_CHECKPOINT_DIR] = checkpoint.directory
         values[contract.ENV_CHECKPOINT_INTERVAL] = str(checkpoint.interval_steps)
         values[contract.ENV_CHECKPOINT_KEEP] = str(checkpoint.keep)
+        if checkpoint.local is not None:
+            values[contract.ENV_LOCAL_CHECKPOINT_DIR] = LOCAL_CHECKPOINT_MOUNT_PATH
+            values[contract.ENV_LOCAL_CHECKPOINT_INTERVAL] = str(checkpoint.local.interval_steps)
         if job.spec.framework is Framework.JAX:
             values[contract.ENV_JAX_COMPILATION_CACHE_DIR] = compilation_cache_dir(
                 checkpoint.directory
@@ -166,6 +175,14 @@ def compilation_cache_dir(checkpoint_directory: str) -> str:
     """JAX's compilation cache folder for a job: inside its checkpoint directory (a path or a
     gs:// URI), the one place every attempt of the job sees, on whichever nodes it runs."""
     return f"{checkpoint_directory.rstrip('/')}/{contract.COMPILATION_CACHE_FOLDER}"
+
+
+def local_checkpoint_volume(size_limit: str) -> dict[str, Any]:
+    """The local checkpoint tier's volume: memory-backed, at most `size_limit`."""
+    return {
+        "name": LOCAL_CHECKPOINT_VOLUME,
+        "emptyDir": {"medium": "Memory", "sizeLimit": size_limit},
+    }
 
 
 def _rejoin_volume() -> dict[str, Any]:
@@ -300,6 +317,14 @@ def trainer_pod(
         spec["volumes"].append({"name": CHECKPOINT_VOLUME, **source})
         container["volumeMounts"].append(
             {"name": CHECKPOINT_VOLUME, "mountPath": volume.mount_path}
+        )
+    local = job.spec.checkpoint.local if job.spec.checkpoint else None
+    if local is not None:
+        # A tmpfs of the pod's own: it outlives a training process restarted in place (the
+        # supervisor keeps the pod) and goes with the pod, so a replaced pod starts empty.
+        spec["volumes"].append(local_checkpoint_volume(local.size_limit))
+        container["volumeMounts"].append(
+            {"name": LOCAL_CHECKPOINT_VOLUME, "mountPath": LOCAL_CHECKPOINT_MOUNT_PATH}
         )
     extra = {
         labels.ATTEMPT: str(settings.attempt),
