@@ -27,6 +27,7 @@ from tpujob.api import (
     TPUTrainingJob,
     parse_job,
 )
+from tpujob.api.status import QueueStatus
 from tpujob.cli_output import (
     JSON,
     WIDE,
@@ -181,6 +182,7 @@ def goodput_parts(parts: GoodputBreakdown) -> list[tuple[str, float]]:
         ("re-done", parts.redone),
         ("data wait", parts.data_wait),
         ("downtime", parts.downtime),
+        ("queued", parts.queued),
         ("other", parts.other),
     ]
 
@@ -197,6 +199,22 @@ def false_conditions(job: TPUTrainingJob) -> list[str]:
         + (f": {escape(c.message)}" if c.message else "")
         for c in unmet
     ]
+
+
+def queue_line(queue: QueueStatus, now: datetime) -> str:
+    """A job's Kueue queue: admitted where, or waiting since when; its evictions."""
+    if queue.admitted:
+        where = f"admitted by ClusterQueue {queue.cluster_queue}"
+    elif queue.waiting_since is not None:
+        where = f"waiting for admission for {_age(queue.waiting_since, now)}"
+    else:
+        where = "not admitted"
+    line = f"{queue.name}: {where}"
+    if queue.evictions:
+        line += f"; evicted {queue.evictions}x, last: {queue.last_eviction}"
+    if queue.queued_seconds:
+        line += f"; queued {queue.queued_seconds:.0f}s after its start"
+    return line
 
 
 def describe_lines(
@@ -260,6 +278,8 @@ def describe_lines(
         lines.append(
             f"  spares     {len(st.spares)} of {job.spec.tpu.spares}: {held or 'none free'}"
         )
+    if (queue := st.queue) is not None:
+        lines.append(f"  queue      {escape(queue_line(queue, now))}")
     lines += false_conditions(job)
     lf = st.last_failure
     if lf is not None:

@@ -69,6 +69,17 @@ LEASE_WRITER_ROLE = "tpujob-tpujob-operator-leases"
 OWN_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
     ("", "configmaps"): {"get", "create", "patch"}
 }
+# With kueue.enabled: the Workloads of queued jobs where jobs run, and the flavors and priority
+# classes they are admitted with, cluster-wide.
+KUEUE_JOB_NAMESPACE_RIGHTS: dict[tuple[str, str], set[str]] = {
+    ("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+}
+KUEUE_CLUSTER_RIGHTS: dict[tuple[str, str], set[str]] = {
+    ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
+    ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+    ("scheduling.k8s.io", "priorityclasses"): {"get"},
+}
 USER_ROLES = {"tpujob-edit", "tpujob-view"}
 
 # The metric names the operator exports (tpujob.controller.metrics); the dashboard may query
@@ -303,6 +314,28 @@ def test_every_namespace_gets_the_job_rights_when_every_namespace_is_watched() -
         if r["verbs"] == ["bind"]
     ]
     assert [r.get("resourceNames") for r in bind] == [[LEASE_WRITER_ROLE]]
+
+
+@pytest.mark.parametrize(
+    "sets", [(), ("watchNamespaces={team-a}",)], ids=["all-namespaces", "watch-namespaces"]
+)
+def test_kueue_adds_workload_rights_where_jobs_run_and_flavor_reads_and_the_flag(
+    sets: tuple[str, ...],
+) -> None:
+    manifests = render(*sets, "kueue.enabled=true", namespace="ops")
+    watched = bool(sets)
+    cluster = named(manifests, "ClusterRole", "tpujob-tpujob-operator")
+    base = WATCHED_NAMESPACES_CLUSTER_RIGHTS if watched else ALL_NAMESPACES_CLUSTER_RIGHTS
+    assert rights(cluster) == {**base, **KUEUE_CLUSTER_RIGHTS}
+    jobs = (
+        named(manifests, "Role", "tpujob-tpujob-operator-jobs", "team-a")
+        if watched
+        else named(manifests, "ClusterRole", "tpujob-tpujob-operator-jobs")
+    )
+    job_rights = WATCHED_NAMESPACE_RIGHTS if watched else EVERY_JOB_NAMESPACE_RIGHTS
+    assert rights(jobs) == {**job_rights, **KUEUE_JOB_NAMESPACE_RIGHTS}
+    assert "--kueue" in operator_container(manifests)["args"]
+    assert "--kueue" not in operator_container(render(*sets, namespace="ops"))["args"]
 
 
 def test_watched_namespaces_get_roles_and_nothing_namespaced_is_granted_cluster_wide() -> None:

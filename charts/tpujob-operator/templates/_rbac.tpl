@@ -56,6 +56,18 @@ Role, false for the ClusterRole used when every namespace is watched.
   resources: ["leases"]
   verbs: ["get", "list", "watch"]
 {{- end }}
+{{- if .kueue }}
+# Kueue: each queued job's Workload, owned by the job (removed with it by the garbage
+# collector): created, watched for Kueue's admission and evictions, patched to deactivate it
+# while the job is suspended; its status patched to give the quota back after an eviction and
+# to say when every pod runs (PodsReady) and when the job finished.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 # What was diagnosed and what was done, as Events on the job (the operator and kopf both post
 # through the core API).
 - apiGroups: [""]

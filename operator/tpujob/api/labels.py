@@ -13,6 +13,8 @@ GANG = f"{GROUP}/gang"
 # On a warm spare's idle pods ("true"): they hold a pool for the job, and train nothing.
 SPARE = f"{GROUP}/spare"
 MANAGED_BY = "app.kubernetes.io/managed-by"
+# The Kueue LocalQueue a job asks to be admitted through, as every Kueue integration names it.
+QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 MANAGER = "tpujob-operator"
 # The finalizer kopf keeps on every job while its daemon runs.
 FINALIZER = f"{GROUP}/operator"

@@ -58,6 +58,12 @@ class ConditionReason(enum.StrEnum):
     """CheckpointCadence=False: failures redo more steps than saves would cost."""
     NO_FAILURE_YET = "NoFailureYet"
     """CheckpointCadence=True: saves are not too frequent; too rare shows after a failure."""
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    """Suspended=True: the job's Kueue queue has not admitted it (yet, or again)."""
+    EVICTED = "Evicted"
+    """Suspended=True: Kueue evicted or preempted the job; it stops, saves and is requeued."""
+    ADMITTED = "Admitted"
+    """Suspended=False: Kueue admitted the job."""
 
 
 class FailReason(enum.StrEnum):
@@ -84,6 +90,9 @@ class EventReason(enum.StrEnum):
     SHAPE_NOT_OFFERED = "ShapeNotOffered"
     NODE_TRUSTED_AGAIN = "NodeTrustedAgain"
     FAILED_CREATE = "FailedCreate"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
     MORE_EVENTS = "MoreEvents"
     """One decision told more Events than its journal keeps: how many more, of which reasons."""
 
@@ -105,5 +114,8 @@ class TimelineKind(enum.StrEnum):
     SPARE_TAKEN = "SpareTaken"
     SPARE_USED = "SpareUsed"
     SPARE_RELEASED = "SpareReleased"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"

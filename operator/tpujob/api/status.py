@@ -160,6 +160,36 @@ class SparePool(StatusModel):
     )
 
 
+class QueueStatus(StatusModel):
+    """The job's place in a Kueue queue: only for a job whose metadata names one
+    (`kueue.x-k8s.io/queue-name`)."""
+
+    name: str = Field(max_length=c.MAX_NAME_LENGTH, description="The LocalQueue named.")
+    workload: str | None = Field(
+        default=None, max_length=253, description="The job's Workload object."
+    )
+    cluster_queue: str | None = Field(
+        default=None, max_length=c.MAX_NAME_LENGTH, description="Its ClusterQueue, once admitted."
+    )
+    admitted: bool = Field(default=False, description="Kueue admitted it: it may run.")
+    waiting_since: datetime | None = Field(
+        default=None, description="Since when it waits for admission (absent while admitted)."
+    )
+    queued_seconds: float = Field(
+        default=0,
+        ge=0,
+        description="Seconds it waited for admission since the job started, past waits only.",
+    )
+    evictions: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="Times Kueue evicted or preempted it."
+    )
+    last_eviction: str | None = Field(
+        default=None,
+        max_length=c.MAX_MESSAGE_LENGTH,
+        description="The last eviction's reason and message.",
+    )
+
+
 class TimelineEvent(StatusModel):
     """One recovery event: failure seen, diagnosed, pods recreated, training resumed..."""
 
@@ -200,6 +230,11 @@ class GoodputBreakdown(StatusModel):
     )
     other: float = Field(
         default=0, ge=0, description="The rest: since the last heartbeat, final save, exit."
+    )
+    queued: float = Field(
+        default=0,
+        ge=0,
+        description="Waiting for a Kueue admission, at the start or after a preemption.",
     )
 
 
@@ -262,6 +297,9 @@ class TPUTrainingJobStatus(StatusModel):
         default=(),
         max_length=c.MAX_SPARES,
         description="The warm spare pools the job holds (spec.tpu.spares).",
+    )
+    queue: QueueStatus | None = Field(
+        default=None, description="Its Kueue queue and admission, when it names a queue."
     )
     start_time: datetime | None = Field(default=None, description="When the job first started.")
     completion_time: datetime | None = Field(default=None, description="When it finished.")

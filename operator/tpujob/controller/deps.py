@@ -27,6 +27,7 @@ from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
 from tpujob.kube.cache import BeatBook, CachedView, NodeBook
 from tpujob.kube.observe import Reader
+from tpujob.kube.workloads import WorkloadWriter
 from tpujob.plan.manifests import heartbeat_lease_name
 from tpujob.plan.result import PlannerSettings
 
@@ -246,6 +247,8 @@ class Deps:
         default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS)
     )
     lease_access: LeaseAccess | None = None
+    # Writes to jobs' Kueue Workloads; None: the operator runs without its Kueue integration.
+    workloads: WorkloadWriter | None = None
     # How often the cache is checked for ghosts (`sweeps.check_for_ghosts`); 0: never.
     cache_check_seconds: float = 300.0
     kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session

@@ -32,10 +32,12 @@ from tpujob.controller.sweeps import (
     refresh_catalogue,
     refresh_site_rules,
 )
-from tpujob.kube import cache
+from tpujob.kube import cache, workloads
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
+from tpujob.kube.workloads import FLAVORS, WORKLOADS
 from tpujob.observed.nodes import down_now, note_tpu_shortfall, placeable
 from tpujob.plan.failed_nodes import marked_by
+from tpujob.plan.queueing import KUEUE_GROUP, KUEUE_VERSION
 
 ERROR_RETRY_SECONDS = 2.0
 MAX_ERROR_RETRY_SECONDS = 60.0
@@ -81,7 +83,9 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
+def register(registry: kopf.OperatorRegistry, *, kueue: bool = False) -> None:
+    """`kueue`: also watch Kueue's Workloads and ResourceFlavors (`tpujob.plan.queueing`)."""
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.diffbase_storage = NoDiffBase()
@@ -108,6 +112,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo.background.append(asyncio.create_task(check_for_ghosts(memo)))
 
     _register_indexes(registry)
+    if kueue:
+        _register_kueue(registry)
 
     @kopf.on.startup(registry=registry)
     def attach_cache(memo: Deps, **indexes: Any) -> None:
@@ -120,6 +126,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
             heartbeats=indexes["tpujob_heartbeats"],
             node_pods=indexes["tpujob_node_pods"],
             node_book=memo.node_book,
+            **(
+                {"workloads": indexes["tpujob_workloads"], "flavors": indexes["tpujob_flavors"]}
+                if kueue
+                else {}
+            ),
         )
 
     @kopf.on.login(registry=registry)
@@ -315,6 +326,32 @@ def _register_indexes(registry: kopf.OperatorRegistry) -> None:
     )
     def tpujob_heartbeats(body: kopf.Body, memo: Deps, **_: Any) -> Any:
         return cache.lease_record(body, memo.beat_book)
+
+
+def _register_kueue(registry: kopf.OperatorRegistry) -> None:
+    """Kueue's decisions on a job's Workload wake the job; flavors are read at placement."""
+    job_workloads = {labels.JOB: kopf.PRESENT}
+
+    @kopf.index(
+        KUEUE_GROUP,
+        KUEUE_VERSION,
+        WORKLOADS,
+        labels=job_workloads,
+        id="tpujob_workloads",
+        registry=registry,
+    )
+    def tpujob_workloads(body: kopf.Body, **_: Any) -> Any:
+        return workloads.workload_record(body)
+
+    @kopf.index(KUEUE_GROUP, KUEUE_VERSION, FLAVORS, id="tpujob_flavors", registry=registry)
+    def tpujob_flavors(body: kopf.Body, **_: Any) -> Any:
+        return workloads.flavor_record(body)
+
+    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, labels=job_workloads, registry=registry)
+    async def workload_changed(
+        *, namespace: str | None, labels: Mapping[str, str], memo: Deps, **_: Any
+    ) -> None:
+        memo.wakes.wake((namespace or "", labels[_JOB_LABEL]), at=time.monotonic())
 
 
 _JOB_LABEL = labels.JOB

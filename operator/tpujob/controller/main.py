@@ -185,6 +185,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--gcp-refresh-hours", type=float, default=6.0)
     p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="queue jobs that name a Kueue LocalQueue (label kueue.x-k8s.io/queue-name) "
+        "through Kueue: each runs only while its Workload is admitted; needs Kueue's CRDs "
+        "and TPUTrainingJob.v1alpha1.tpujob.dev in Kueue's integrations.externalFrameworks",
+    )
+    p.add_argument(
         "--priority",
         type=int,
         default=None,
@@ -267,7 +274,11 @@ def run(args: argparse.Namespace) -> int:
             args.metrics_port, addr=args.metrics_address, registry=deps.metrics.registry
         )
     registry = kopf.OperatorRegistry()
-    handlers.register(registry)
+    if args.kueue:
+        from tpujob.kube.workloads import WorkloadWriter
+
+        deps.workloads = WorkloadWriter(api)
+    handlers.register(registry, kueue=args.kueue)
     namespaces = tuple(args.namespace)
 
     async def operate() -> None:

@@ -270,6 +270,7 @@ def _has_effects(result: Plan) -> bool:
         or result.events
         or result.delete_job
         or result.fence_attempt is not None
+        or result.workload is not None
     )
 
 
@@ -391,6 +392,8 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
     _create_all(deps, result.create, str(meta.get("uid") or ""))
     for mark in result.mark_nodes:
         deps.writer.mark_node(mark, name)
+    if result.workload is not None and deps.workloads is not None:
+        deps.workloads.write(namespace, result.workload)
     if result.delete_job:
         deps.writer.delete_job(body)
     for event in result.events:

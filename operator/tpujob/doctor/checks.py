@@ -3,7 +3,8 @@
 Checks, in the order shown: the CRD and its served versions; the operator's pods; the TPU
 node pools (accelerator, topology, hosts present against the hosts the topology needs, Ready,
 free or busy, nodes tpujob tainted and why); the Pod Security level of the namespaces jobs run
-in; and, when a zone catalogue is configured, whether each job's and pool's shape is offered.
+in; when a zone catalogue is configured, whether each job's and pool's shape is offered; and
+the Kueue queue of each job that names one (`tpujob.doctor.queues`).
 Every input is an untrusted raw object: a malformed one becomes a finding, not a crash.
 """
 
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from enum import IntEnum, StrEnum
+from dataclasses import dataclass
 from typing import Any
 
 from tpujob.api import GROUP, PLURAL, VERSION, ConditionStatus, ConditionType, labels, topology
-from tpujob.gcp.catalogue import Catalogue, FindingLevel, check_shape
+from tpujob.doctor.findings import Check, Finding, Level, Snapshot
+from tpujob.doctor.queues import check_queues
+from tpujob.gcp.catalogue import FindingLevel, check_shape
+
+__all__ = ["CHECKS", "Check", "Finding", "Level", "Snapshot", "examine", "exit_status"]
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 OPERATOR_APP = "tpujob-operator"
@@ -28,52 +32,6 @@ _PULL_ACTION = (
     "helm upgrade ... -f dist/values-release.yaml (and imagePullSecrets for a private "
     "registry outside the project)"
 )
-
-
-class Level(IntEnum):
-    OK = 0
-    INFO = 1
-    WARNING = 2
-    PROBLEM = 3  # the cluster cannot run jobs as it is: the exit status is non-zero
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-
-class Check(StrEnum):
-    CRD = "crd"
-    OPERATOR = "operator"
-    NODE_POOLS = "node-pools"
-    POD_SECURITY = "pod-security"
-    CATALOGUE = "catalogue"
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: Check
-    level: Level
-    subject: str
-    message: str
-    action: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["check"], data["level"] = str(self.check), str(self.level)
-        return data
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the doctor read; None where it could not read (the reason in `unreadable`)."""
-
-    crd: Mapping[str, Any] | None = None
-    operator_pods: Sequence[Mapping[str, Any]] = ()
-    nodes: Sequence[Mapping[str, Any]] = ()
-    tpu_pods: Sequence[Mapping[str, Any]] = ()  # pods that request google.com/tpu
-    namespaces: Sequence[Mapping[str, Any]] = ()
-    jobs: Sequence[Mapping[str, Any]] = ()
-    catalogue: Catalogue | None = None
-    unreadable: Mapping[Check, str] = field(default_factory=dict)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -439,6 +397,7 @@ CHECKS: tuple[tuple[Check, Callable[[Snapshot], list[Finding]]], ...] = (
     (Check.NODE_POOLS, check_pools),
     (Check.POD_SECURITY, check_pod_security),
     (Check.CATALOGUE, check_catalogue),
+    (Check.QUEUES, check_queues),
 )
 
 

@@ -275,6 +275,10 @@ class CachedView:
     # Noted by the operator's cache check (`tpujob.controller.sweeps.find_ghosts`); empty but
     # after a broken watch, so the reads below pay for the filtering only then.
     ghosts: Ghosts = field(default_factory=Ghosts)
+    # Kueue's Workloads of jobs and its ResourceFlavors (`tpujob.kube.workloads`); None when
+    # the operator runs without its Kueue integration.
+    workloads: Index | None = None
+    flavors: Index | None = None
 
     def job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job's record, shared: read it, never change it (see `job_record`)."""

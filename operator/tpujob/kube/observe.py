@@ -18,9 +18,10 @@ from tpujob.diagnosis.cascade import MAX_DIAGNOSED_WORKERS, sample_key
 from tpujob.kube import uids
 from tpujob.kube.cache import CachedView
 from tpujob.kube.errors import KubeError, NotFoundError, call
+from tpujob.kube.workloads import workload_for
 from tpujob.observed.redact import redact
 from tpujob.observed.views import NodeView, Observed, PodView, own_heartbeat, with_reports
-from tpujob.plan import manifests
+from tpujob.plan import manifests, queueing
 from tpujob.plan.placement import pools_of
 
 LOG_TAIL_LINES = 80
@@ -110,6 +111,18 @@ def observe(
     )
     pods = tuple(p for p in owned if not p.spare and made_as_placed(job, p, nodes))
     beat = own_heartbeat(cache.heartbeat(job.namespace, manifests.lease_name(job)), uid)
+    workloads = cache.workloads
+    workload = (
+        workload_for(
+            workloads,
+            cache.flavors or {},
+            (job.namespace, job.name),
+            uid=uid,
+            name=queueing.workload_name(job),
+        )
+        if workloads is not None and queueing.queue_of(job) is not None
+        else None
+    )
     return Observed(
         job=job,
         pods=with_reports(pods, beat, job.status.attempt, uid),
@@ -117,6 +130,8 @@ def observe(
         nodes=nodes,
         heartbeat=beat,
         busy_pools=cache.busy_pools(job.namespace, job.name),
+        queueing=workloads is not None,
+        workload=workload,
     )
 
 

@@ -10,12 +10,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpujob.api import TPUTrainingJob, contract, labels
 from tpujob.api import constants as c
 from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.catalogue import Catalogue
+
+if TYPE_CHECKING:
+    from tpujob.observed.admission import WorkloadView
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -387,6 +390,10 @@ class Observed:
     site_rules: tuple[SiteRule, ...] = ()
     # The idle pods holding the job's warm spare pools (`tpujob.plan.spares`); never in `pods`.
     spares: tuple[PodView, ...] = ()
+    # Whether the operator runs its Kueue integration, and the job's Workload when it has one
+    # (`tpujob.observed.admission`, `tpujob.plan.queueing`).
+    queueing: bool = False
+    workload: WorkloadView | None = None
 
     def attempt_pods(self, attempt: int) -> tuple[PodView, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

@@ -110,6 +110,10 @@ def breakdown(
         facts.append(current)
     result = goodput_breakdown(wall_seconds=wall, attempts=facts)
     seconds = {c: round(result.seconds(c), 3) for c in GoodputCategory}
+    # Time waiting for a Kueue admission after the start (a preemption) is inside no attempt:
+    # the breakdown counted it as downtime, where it is told apart.
+    queued = min(seconds[GoodputCategory.DOWNTIME], _queued_seconds(status, end))
+    seconds[GoodputCategory.DOWNTIME] = round(seconds[GoodputCategory.DOWNTIME] - queued, 3)
     return GoodputBreakdown(
         wall_seconds=round(result.wall_ms / 1000, 3),
         productive=seconds[GoodputCategory.PRODUCTIVE],
@@ -119,7 +123,19 @@ def breakdown(
         data_wait=seconds[GoodputCategory.DATA_WAIT],
         downtime=seconds[GoodputCategory.DOWNTIME],
         other=seconds[GoodputCategory.OTHER],
+        queued=round(queued, 3),
     )
+
+
+def _queued_seconds(status: TPUTrainingJobStatus, end: datetime) -> float:
+    """Seconds since the job's start spent waiting for a Kueue admission, to `end`."""
+    queue, start = status.queue, status.start_time
+    if queue is None or start is None:
+        return 0.0
+    waiting = 0.0
+    if queue.waiting_since is not None:
+        waiting = max(0.0, (end - max(queue.waiting_since, start)).total_seconds())
+    return queue.queued_seconds + waiting
 
 
 def goodput_of(parts: GoodputBreakdown | None) -> float | None:

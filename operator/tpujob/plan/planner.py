@@ -19,7 +19,7 @@ from tpujob.gcp.catalogue import FindingLevel, check_shape
 from tpujob.observed.nodes import lost
 from tpujob.observed.trouble import find_trouble
 from tpujob.observed.views import Observed, PodView
-from tpujob.plan import manifests
+from tpujob.plan import manifests, queueing
 from tpujob.plan.checkpoint_cadence import say_checkpoint_cadence
 from tpujob.plan.failed_nodes import avoided_by
 from tpujob.plan.failure import handle_failure
@@ -60,12 +60,15 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         draft.condition(ConditionType.PLANNING_SLOW, False, ConditionReason.WITHIN_BUDGET)
     if job.status.phase not in TERMINAL:
         _shape_offered(obs, draft)
+        queueing.track(obs, draft)
     if job.status.phase in TERMINAL:
         # A finished job is woken by changes to its own pods; nothing else is worth a poll.
         draft.requeue_after = FINISHED_POLL_SECONDS
         _finished(obs, draft, settings)
     elif job.spec.suspend:
-        _suspend(obs, draft)
+        _suspend(obs, draft, ConditionReason.SUSPENDED, "spec.suspend is true")
+    elif (held := queueing.hold(obs)) is not None:
+        _suspend(obs, draft, _HELD_REASONS[held[0]], held[1])
     elif job.status.attempt == 0 and (refused := refused_host_path(job, settings)) is not None:
         # Never launched: its pods would mount a node path the operator may not give out.
         # A job already running keeps running (narrowed prefixes do not stop it).
@@ -83,6 +86,7 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     else:
         _reconcile_attempt(obs, draft, settings)
     mark_blamed_nodes(obs, draft, settings)
+    queueing.sync_workload(obs, draft)
     parts = breakdown(draft.status, obs.heartbeat, now=now)
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
@@ -176,7 +180,15 @@ def _no_attempt_left(obs: Observed, draft: Draft) -> None:
     draft.event(EventType.WARNING, FailReason.RESTART_BUDGET, message)
 
 
-def _suspend(obs: Observed, draft: Draft) -> None:
+_HELD_REASONS = {
+    TimelineKind.QUEUED: ConditionReason.WAITING_FOR_ADMISSION,
+    TimelineKind.EVICTED: ConditionReason.EVICTED,
+}
+
+
+def _suspend(obs: Observed, draft: Draft, reason: ConditionReason, why: str) -> None:
+    """Stop the job's pods gracefully (the trainer saves on SIGTERM) and keep its status:
+    suspended by its user, or held by its Kueue queue (`tpujob.plan.queueing`)."""
     for pod in obs.pods:
         if not pod.terminal and pod.deleting_since is None:
             draft.delete_pods.append(PodDeletion(pod.name, pod.uid, None))
@@ -186,12 +198,11 @@ def _suspend(obs: Observed, draft: Draft) -> None:
             phase=Phase.SUSPENDED,
             current_attempt=AttemptStatus(placement=obs.job.status.current_attempt.placement),
         )
-        draft.condition(
-            ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED, "spec.suspend is true"
-        )
         draft.condition(ConditionType.RUNNING, False, ConditionReason.SUSPENDED)
-        draft.timeline(TimelineKind.SUSPENDED, "pods stopped; the status is kept")
-        draft.event(EventType.NORMAL, EventReason.SUSPENDED, "spec.suspend is true: pods stopped")
+        if reason is ConditionReason.SUSPENDED:
+            draft.timeline(TimelineKind.SUSPENDED, "pods stopped; the status is kept")
+            draft.event(EventType.NORMAL, EventReason.SUSPENDED, f"{why}: pods stopped")
+    draft.condition(ConditionType.SUSPENDED, True, reason, why)
 
 
 def _finished(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
@@ -337,7 +348,9 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
 
 def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     _run_attempt(obs, draft, settings)
-    if draft.status.phase in TERMINAL:
+    if draft.status.phase in TERMINAL or queueing.queue_of(obs.job) is not None:
+        # A job queued through Kueue holds what Kueue admitted, no more: spares would be
+        # chips outside its quota, so it keeps none (docs/kueue.md).
         release_spares(obs, draft)
     else:
         bad = avoided_by(

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tpujob.api.reasons import EventReason, EventType, TimelineKind
 from tpujob.observed.views import Observed
 from tpujob.plan.placement import expected_end, plan_placement
 from tpujob.plan.pod_template import selects
 from tpujob.plan.result import Draft
+
+
+def _has_flavor_labels(obs: Observed, node_labels: Mapping[str, str]) -> bool:
+    """Whether a node carries the node labels of the ResourceFlavors Kueue admitted the job
+    with (`tpujob.plan.queueing`); always, for a job not admitted through Kueue."""
+    wanted = obs.workload.node_labels if obs.workload is not None else {}
+    return all(node_labels.get(k) == v for k, v in wanted.items())
 
 
 def choose_pools(
@@ -37,7 +46,9 @@ def choose_pools(
     nodes = [
         n
         for n in obs.nodes.values()
-        if (n.pool in kept or n.pool not in obs.busy_pools) and selects(trainer, n.labels)
+        if (n.pool in kept or n.pool not in obs.busy_pools)
+        and selects(trainer, n.labels)
+        and _has_flavor_labels(obs, n.labels)
     ]
     result = plan_placement(
         slices=tpu.slices,

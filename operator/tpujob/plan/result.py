@@ -31,6 +31,7 @@ from tpujob.api.status import (
     GoodputBreakdown,
     LastFailure,
     Progress,
+    QueueStatus,
     Restarts,
     SparePool,
 )
@@ -71,6 +72,30 @@ class EventSpec:
     reason: str
     message: str
     at: datetime | None = None  # when it was decided: part of its name, so it is told once
+
+
+@dataclass(frozen=True)
+class WorkloadPriority:
+    """The priority class a Workload takes its priority from; the shell reads its value."""
+
+    group: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class WorkloadWrite:
+    """One write to the job's Kueue Workload (`tpujob.plan.queueing`): create it, or set
+    `spec.active`, and replace its conditions and clear its admission (on the status, only if
+    it is still at `resource_version`)."""
+
+    name: str
+    create: dict[str, Any] | None = None
+    priority: WorkloadPriority | None = None
+    resource_version: str | None = None
+    active: bool | None = None
+    conditions: tuple[dict[str, Any], ...] | None = None
+    clear_admission: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,7 @@ class Plan:
     diagnosis: dx.Diagnosis | None = None
     recovery_seconds: float | None = None  # failure seen -> training resumed, when it resumed
     ledger_blame: Blame | None = None  # a soft blame of a node for the shared node ledger
+    workload: WorkloadWrite | None = None  # last: Kueue hears of a stop once it is under way
 
 
 class StatusEdit(TypedDict, total=False):
@@ -151,6 +177,7 @@ class StatusEdit(TypedDict, total=False):
     failure_history: tuple[FailureRecord, ...]
     pending_events: tuple[PendingEvent, ...]
     spares: tuple[SparePool, ...]
+    queue: QueueStatus | None
 
 
 @dataclass
@@ -170,6 +197,7 @@ class Draft:
     diagnosis: dx.Diagnosis | None = None
     recovery_seconds: float | None = None
     ledger_blame: Blame | None = None
+    workload: WorkloadWrite | None = None
 
     def update(self, **changes: Unpack[StatusEdit]) -> None:
         self.status = self.status.model_copy(update=dict(changes))
@@ -222,6 +250,7 @@ class Draft:
             diagnosis=self.diagnosis,
             recovery_seconds=self.recovery_seconds,
             ledger_blame=self.ledger_blame,
+            workload=self.workload,
         )
 
 

@@ -99,3 +99,32 @@ def test_describe_lists_exactly_the_false_conditions(
     }
     lines = false_conditions(parse_job(job_body(status=status)))
     assert lines == (["[bold]conditions False[/bold]", *shown] if shown else [])
+
+
+@pytest.mark.parametrize(
+    ("queue", "expected"),
+    [
+        (
+            {"name": "team-queue", "waitingSince": "2026-01-01T12:00:00Z"},
+            "queue      team-queue: waiting for admission for 30s",
+        ),
+        (
+            {
+                "name": "team-queue",
+                "admitted": True,
+                "clusterQueue": "team-cq",
+                "evictions": 1,
+                "lastEviction": "evicted by Kueue (Preempted)",
+                "queuedSeconds": 12,
+            },
+            "queue      team-queue: admitted by ClusterQueue team-cq; evicted 1x, last: "
+            "evicted by Kueue (Preempted); queued 12s after its start",
+        ),
+    ],
+    ids=["waiting", "admitted-after-a-preemption"],
+)
+def test_describe_shows_a_queued_jobs_admission_and_preemptions(
+    queue: dict[str, object], expected: str
+) -> None:
+    body = job_body(status={**running_status(), "queue": queue})
+    assert expected in "\n".join(describe_lines(parse_job(body), at(30)))

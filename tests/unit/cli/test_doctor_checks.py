@@ -279,3 +279,64 @@ def test_an_operator_pod_that_is_not_ready_says_why_and_what_to_do(
     assert finding.level is Level.PROBLEM
     assert says in finding.message, finding.message
     assert advice in (finding.action or ""), finding.action
+
+
+def queued(name: str, status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team", "labels": {labels.QUEUE_NAME: "q"}},
+        "status": status,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "level", "said"),
+    [
+        (
+            {"queue": {"name": "q", "admitted": True, "clusterQueue": "cq"}},
+            Level.OK,
+            "by ClusterQueue cq",
+        ),
+        (
+            {
+                "queue": {
+                    "name": "q",
+                    "waitingSince": "2026-01-01T12:00:00Z",
+                    "evictions": 2,
+                    "lastEviction": "evicted by Kueue (Preempted)",
+                }
+            },
+            Level.INFO,
+            "waiting for admission since 2026-01-01T12:00:00Z; evicted 2x",
+        ),
+        (
+            {
+                "conditions": [
+                    {
+                        "type": "Suspended",
+                        "status": "True",
+                        "reason": "WaitingForAdmission",
+                        "message": "names Kueue queue q, but ... (tpujob operator --kueue; ...)",
+                    }
+                ]
+            },
+            Level.WARNING,
+            "runs without its Kueue integration",
+        ),
+        ({"phase": "Succeeded", "queue": {"name": "q"}}, None, None),
+    ],
+    ids=["admitted", "waiting-after-preemptions", "integration-off", "finished"],
+)
+def test_the_queue_of_each_job_naming_one(
+    status: dict[str, Any], level: Level | None, said: str | None
+) -> None:
+    found = [
+        f
+        for f in examine(Snapshot(crd=CRD, jobs=[queued("j", status), {"metadata": {}}]))
+        if f.check is Check.QUEUES
+    ]
+    if level is None:
+        assert found == []
+        return
+    (finding,) = found
+    assert finding.level is level and finding.subject == "job team/j"
+    assert said is not None and said in finding.message

@@ -19,9 +19,10 @@ from tpujob.controller.deps import (
 from tpujob.controller.reconcile import Deps
 
 
-def test_the_cache_is_attached_from_exactly_the_registered_indexes() -> None:
+@pytest.mark.parametrize("kueue", [False, True], ids=["alone", "with-kueue"])
+def test_the_cache_is_attached_from_exactly_the_registered_indexes(kueue: bool) -> None:
     registry = kopf.OperatorRegistry()
-    handlers.register(registry)
+    handlers.register(registry, kueue=kueue)
     ids = [h.id for h in registry._indexing.get_all_handlers()]
     attach = next(
         h for h in registry._activities.get_all_handlers() if h.id.endswith("attach_cache")
@@ -33,6 +34,7 @@ def test_the_cache_is_attached_from_exactly_the_registered_indexes() -> None:
     assert {id(index) for index in vars(deps.view).values() if isinstance(index, dict)} == {
         id(index) for index in indexes.values()
     }
+    assert (deps.view.workloads is not None) == kueue
 
 
 def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() -> None:

@@ -1,0 +1,193 @@
+"""Kueue beside the local cluster, for the tests and benchmarks of a source checkout.
+
+Kueue is built from the Go module pinned in tools/kueue/go.mod (`tools/build-go-tool.sh`,
+once per machine) and runs as a process, out of cluster, as the benchmarks run JobSet: its
+webhooks are served on 127.0.0.1 with a certificate of the local cluster's CA and registered by
+URL (no Service, no certificate rotation, no leader election). Its CRDs and webhook list come
+from the module's own `config/`. Only the webhooks of Kueue's own objects are registered: no
+job framework is enabled, and `TPUTrainingJob` is an external framework, integrated by the
+operator (`tpujob.plan.queueing`), so Kueue never sees the trainer pods.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from tpujob.api import GROUP, KIND, VERSION
+from tpujob.local import pki
+from tpujob.local.processes import ComponentError
+
+ROOT = Path(__file__).resolve().parents[3]
+TOOLS = ROOT / "tools"
+MODULE = "sigs.k8s.io/kueue"
+EXTERNAL_FRAMEWORK = f"{KIND}.{VERSION}.{GROUP}"
+READY_SECONDS = 120.0
+# Off: MultiKueue and the visibility API need objects in Kueue's own namespace, or a port of
+# their own, that an out-of-cluster Kueue beside parallel test clusters does not have.
+FEATURE_GATES = {"MultiKueue": False, "VisibilityOnDemand": False}
+
+
+def _go(*args: str) -> str:
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOWORK": "off", "GOFLAGS": "-mod=mod"}
+    proc = subprocess.run(
+        ["go", *args], cwd=TOOLS / "kueue", capture_output=True, text=True, env=env, check=False
+    )
+    if proc.returncode != 0:
+        raise ComponentError(f"go {' '.join(args)} failed: {proc.stderr.strip()[-400:]}")
+    return proc.stdout.strip()
+
+
+def binary() -> Path:
+    """The kueue binary, built from the pinned module if this machine has none yet."""
+    script = TOOLS / "build-go-tool.sh"
+    proc = subprocess.run(
+        [str(script), "kueue", MODULE, f"{MODULE}/cmd/kueue", "kueue"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise ComponentError(f"building kueue failed: {proc.stderr.strip()[-400:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def module_dir() -> Path:
+    """The pinned Kueue module's source (its CRDs and webhook list are read from there)."""
+    return Path(_go("list", "-m", "-f", "{{.Dir}}", MODULE))
+
+
+def crd_files() -> list[Path]:
+    return sorted((module_dir() / "config" / "components" / "crd" / "bases").glob("*.yaml"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def configuration(work: Path, ports: tuple[int, int, int], *, pods_ready_seconds: int) -> str:
+    """Kueue's configuration: out of cluster, TPUTrainingJob as an external framework."""
+    webhook, metrics, health = ports
+    config: dict[str, Any] = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "manageJobsWithoutQueueName": False,
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": webhook, "certDir": str(work / "certs")},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics}"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        "waitForPodsReady": {"timeout": f"{pods_ready_seconds}s", "blockAdmission": False},
+        "integrations": {"frameworks": [], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        "featureGates": FEATURE_GATES,
+    }
+    return yaml.safe_dump(config)
+
+
+def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """Kueue's webhooks for its own objects, by URL (the module lists them for a Service)."""
+    source = module_dir() / "config" / "components" / "webhook" / "manifests.yaml"
+    bundle = base64.b64encode(ca_bundle).decode()
+    configurations = []
+    for doc in yaml.safe_load_all(source.read_text()):
+        if not doc or not doc.get("kind", "").endswith("WebhookConfiguration"):
+            continue
+        hooks = []
+        for hook in doc.get("webhooks") or []:
+            groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
+            if groups != {"kueue.x-k8s.io"}:
+                continue  # a job framework's: none is enabled
+            path = hook["clientConfig"]["service"]["path"]
+            by_url = {**hook, "clientConfig": {"url": f"{url}{path}", "caBundle": bundle}}
+            by_url.pop("namespaceSelector", None)
+            hooks.append(by_url)
+        configurations.append(
+            {
+                "apiVersion": doc["apiVersion"],
+                "kind": doc["kind"],
+                "metadata": {"name": f"tpujob-local-{doc['metadata']['name']}"},
+                "webhooks": hooks,
+            }
+        )
+    return configurations
+
+
+@dataclass
+class Kueue:
+    """A running Kueue; `webhooks` are to be applied once it is ready."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    webhooks: list[dict[str, Any]]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start(work: Path, kubeconfig: Path, ca_dir: Path, *, pods_ready_seconds: int = 300) -> Kueue:
+    """Start Kueue against the cluster of `kubeconfig` (its CRDs applied already); returns
+    once it answers its readiness probe. `ca_dir` holds the CA its webhook certificate is
+    issued by (the cluster's, or one of the caller's)."""
+    certs = work / "certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    ca = pki.CertificateAuthority(ca_dir)
+    crt, key = ca.issue(
+        "kueue-webhook", "kueue-webhook", dns_names=("localhost",), ips=("127.0.0.1",), server=True
+    )
+    (certs / "tls.crt").write_bytes(crt.read_bytes())
+    (certs / "tls.key").write_bytes(key.read_bytes())
+    ports = (_free_port(), _free_port(), _free_port())
+    (work / "config.yaml").write_text(
+        configuration(work, ports, pods_ready_seconds=pods_ready_seconds)
+    )
+    log_path = work / "kueue.log"
+    log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - the child owns it
+    popen = subprocess.Popen(
+        [str(binary()), "--config", str(work / "config.yaml"), "--zap-log-level=2"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        start_new_session=True,
+    )
+    kueue = Kueue(
+        popen,
+        log_path,
+        webhook_configurations(f"https://127.0.0.1:{ports[0]}", ca.cert_path.read_bytes()),
+    )
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[2]}/readyz", timeout=2):
+                return kueue
+        except OSError:
+            if not kueue.alive():
+                raise ComponentError(f"kueue exited:\n{kueue.log_tail()}") from None
+            time.sleep(0.5)
+    kueue.stop()
+    raise ComponentError(f"kueue not ready in {READY_SECONDS:.0f} s:\n{kueue.log_tail()}")

@@ -1,0 +1,333 @@
+"""Queueing through Kueue on the local cluster: real Kueue, real trainers, real checkpoints.
+
+Kueue runs beside the cluster (`tpujob.local.kueue`) with `TPUTrainingJob` as an external
+framework, and an operator started with `--kueue` serves this module's namespaces. The
+ClusterQueue's quota is one slice's chips, so one job runs at a time: jobs are admitted by
+priority, a higher-priority job preempts a running one, which saves, requeues and resumes from
+its checkpoint, and every job's quota is released when it ends. A job naming no queue runs as
+it always did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from tests.e2e.conftest import LocalCluster, delete_namespace, wait_for
+from tests.e2e.operator_fixture import OPERATOR_ARGS, OperatorProcess
+from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
+
+from tpujob.api import labels
+from tpujob.local import kueue as local_kueue
+from tpujob.plan.queueing import KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASS_LABEL
+
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.long]
+
+PREFIX = "queued"
+CHIPS_PER_SLICE = 8  # two hosts of four chips: the test pools' slice
+
+
+def _args() -> tuple[str, ...]:
+    args = list(OPERATOR_ARGS)
+    args[args.index("--namespace") + 1] = f"{PREFIX}-*"
+    args[args.index("--ledger-namespace") + 1] = f"{PREFIX}-operator-home"
+    return (*args, "--kueue")
+
+
+@pytest.fixture(scope="module")
+def kueue(
+    cluster: LocalCluster, crds_installed: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[local_kueue.Kueue]:
+    for crd in local_kueue.crd_files():
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    work = tmp_path_factory.mktemp("kueue")
+    running = local_kueue.start(work, cluster.kubeconfig, work / "ca", pods_ready_seconds=300)
+    api = cluster.api_client()
+    admission = client.AdmissionregistrationV1Api(api)
+    for hook in running.webhooks:
+        create = (
+            admission.create_mutating_webhook_configuration
+            if hook["kind"] == "MutatingWebhookConfiguration"
+            else admission.create_validating_webhook_configuration
+        )
+        with contextlib.suppress(ApiException):
+            create(hook)
+    custom = client.CustomObjectsApi(api)
+    for name, value in (("low", 100), ("high", 1000)):
+        with contextlib.suppress(ApiException):
+            custom.create_cluster_custom_object(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                "workloadpriorityclasses",
+                {
+                    "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                },
+            )
+    with contextlib.suppress(ApiException):
+        custom.create_cluster_custom_object(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            "resourceflavors",
+            {
+                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": "tpu-v4-2x2x2"},
+                "spec": {
+                    "nodeLabels": {labels.ACCELERATOR: "tpu-v4-podslice", labels.TOPOLOGY: "2x2x2"}
+                },
+            },
+        )
+    try:
+        yield running
+    finally:
+        running.stop()
+        for hook in running.webhooks:
+            delete = (
+                admission.delete_mutating_webhook_configuration
+                if hook["kind"] == "MutatingWebhookConfiguration"
+                else admission.delete_validating_webhook_configuration
+            )
+            with contextlib.suppress(ApiException):
+                delete(hook["metadata"]["name"])
+
+
+@pytest.fixture(scope="module")
+def queued_operator(
+    cluster: LocalCluster, kueue: local_kueue.Kueue, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    core = client.CoreV1Api(cluster.api_client())
+    with contextlib.suppress(ApiException):
+        core.create_namespace({"metadata": {"name": f"{PREFIX}-operator-home"}})
+    proc = OperatorProcess(
+        cluster.kubeconfig, tmp_path_factory.mktemp("queued-operator") / "log", args=_args()
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+class Queue:
+    """A namespace with a LocalQueue on a ClusterQueue of its own (one slice's chips)."""
+
+    def __init__(self, cluster: LocalCluster, *, preemption: bool) -> None:
+        self.cluster = cluster
+        api = cluster.api_client()
+        self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        suffix = uuid.uuid4().hex[:5]
+        self.namespace, self.cluster_queue = f"{PREFIX}-{suffix}", f"{PREFIX}-cq-{suffix}"
+        self.core.create_namespace({"metadata": {"name": self.namespace}})
+        wait_for(
+            lambda: self.core.list_namespaced_service_account(self.namespace).items,
+            timeout=30,
+            what="the default ServiceAccount",
+        )
+        spec: dict[str, Any] = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+            "resourceGroups": [
+                {
+                    "coveredResources": [labels.TPU_RESOURCE],
+                    "flavors": [
+                        {
+                            "name": "tpu-v4-2x2x2",
+                            "resources": [
+                                {"name": labels.TPU_RESOURCE, "nominalQuota": CHIPS_PER_SLICE}
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+        if preemption:
+            spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+        self._create_cluster("clusterqueues", "ClusterQueue", self.cluster_queue, spec)
+        self.custom.create_namespaced_custom_object(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            self.namespace,
+            "localqueues",
+            {
+                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                "kind": "LocalQueue",
+                "metadata": {"name": "team-queue"},
+                "spec": {"clusterQueue": self.cluster_queue},
+            },
+        )
+
+    def _create_cluster(self, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
+        self.custom.create_cluster_custom_object(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            plural,
+            {
+                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                "kind": kind,
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
+
+    def submit(
+        self, operator: OperatorProcess, body: dict[str, Any], priority: str | None = None
+    ) -> Run:
+        body["metadata"]["labels"] = {labels.QUEUE_NAME: "team-queue"}
+        if priority:
+            body["metadata"]["labels"][PRIORITY_CLASS_LABEL] = priority
+        return Run(self.cluster, self.namespace, operator, body)
+
+    def usage(self) -> dict[str, Any]:
+        """The ClusterQueue's admitted workloads and chips in use."""
+        cq = self.custom.get_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue
+        )
+        status = cq.get("status") or {}
+        used = [
+            r.get("total")
+            for f in status.get("flavorsUsage") or []
+            for r in f.get("resources") or []
+        ]
+        return {"admitted": status.get("admittedWorkloads", 0), "used": used}
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return list(
+            self.custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads"
+            )["items"]
+        )
+
+    def close(self) -> None:
+        delete_namespace(self.core, self.namespace)
+        wait_for(
+            lambda: not _exists(self.core, self.namespace),
+            timeout=120,
+            what=f"namespace {self.namespace} gone",
+        )
+        with contextlib.suppress(ApiException):
+            self.custom.delete_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue
+            )
+
+
+def _exists(core: client.CoreV1Api, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
+
+
+@pytest.fixture
+def preempting_queue(cluster: LocalCluster, kueue: local_kueue.Kueue) -> Iterator[Queue]:
+    queue = Queue(cluster, preemption=True)
+    try:
+        yield queue
+    finally:
+        queue.close()
+
+
+@pytest.fixture
+def plain_queue(cluster: LocalCluster, kueue: local_kueue.Kueue) -> Iterator[Queue]:
+    queue = Queue(cluster, preemption=False)
+    try:
+        yield queue
+    finally:
+        queue.close()
+
+
+def _admitted(status: dict[str, Any]) -> bool:
+    return bool((status.get("queue") or {}).get("admitted"))
+
+
+def _no_usage(queue: Queue) -> bool:
+    usage = queue.usage()
+    return usage["admitted"] == 0 and all(str(u) in ("0", "None") for u in usage["used"])
+
+
+def test_a_higher_priority_job_preempts_one_that_saves_requeues_and_resumes_from_its_checkpoint(
+    preempting_queue: Queue, queued_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    queue = preempting_queue
+    low = queue.submit(
+        queued_operator, training_job("low", tmp_path / "low", steps=260), priority="low"
+    )
+    queued = low.wait(lambda s: "Queued" in timeline_kinds(s), "the low job queued first")
+    assert queued["phase"] in ("Suspended", "Starting", "Running")
+    before = low.wait_training(step=25)
+    assert before["queue"]["clusterQueue"] == queue.cluster_queue
+    high = queue.submit(
+        queued_operator, training_job("high", tmp_path / "high", steps=30), priority="high"
+    )
+    evicted = low.wait(
+        lambda s: (s.get("queue") or {}).get("evictions") == 1, "the low job preempted"
+    )
+    assert "Preempted" in evicted["queue"]["lastEviction"]
+    assert evicted["phase"] == "Suspended"
+    done = high.wait_phase("Succeeded")
+    assert "Admitted" in timeline_kinds(done)
+    # The low job saved on SIGTERM, waited in the queue, and resumed from that save.
+    finished = low.wait_phase("Succeeded")
+    kinds = timeline_kinds(finished)
+    assert kinds.count("Admitted") == 2 and "Evicted" in kinds
+    assert finished["currentAttempt"]["resumedStep"] >= before["checkpointStep"]
+    assert finished["goodputBreakdown"]["queued"] > 0
+    assert not low.pods(attempt=1)
+    wait_for(lambda: _no_usage(queue), timeout=60, what="the quota released")
+    finished_workloads = [
+        w
+        for w in queue.workloads()
+        if any(
+            c["type"] == "Finished" and c["status"] == "True"
+            for c in w["status"].get("conditions", [])
+        )
+    ]
+    assert len(finished_workloads) == 2
+
+
+def test_jobs_are_admitted_by_priority_and_a_job_naming_no_queue_is_untouched(
+    plain_queue: Queue, queued_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    queue = plain_queue
+    first = queue.submit(queued_operator, training_job("first", tmp_path / "first", steps=80))
+    first.wait(_admitted, "the first job admitted")
+    low = queue.submit(
+        queued_operator, training_job("low", tmp_path / "low", steps=20), priority="low"
+    )
+    high = queue.submit(
+        queued_operator, training_job("high", tmp_path / "high", steps=20), priority="high"
+    )
+    waiting = low.wait(lambda s: s.get("phase") == "Suspended", "the low job held")
+    assert waiting["conditions"] and any(
+        c["type"] == "Suspended" and c["reason"] == "WaitingForAdmission"
+        for c in waiting["conditions"]
+    )
+    assert not low.pods() and not high.pods()
+    # The first job ends: its quota goes to the higher priority first, though it came later.
+    high.wait(_admitted, "the high job admitted")
+    assert not _admitted(low.status())
+    high.wait_phase("Succeeded")
+    low.wait_phase("Succeeded")
+    first.wait_phase("Succeeded")
+    # A job naming no queue, in the same namespace: no Workload, no queue status, it runs.
+    alone = Run(
+        queue.cluster,
+        queue.namespace,
+        queued_operator,
+        training_job("alone", tmp_path / "alone", steps=20),
+    )
+    status = alone.wait_phase("Succeeded")
+    assert "queue" not in status
+    names = [w["metadata"]["labels"].get(labels.JOB) for w in queue.workloads()]
+    assert "alone" not in names
+    wait_for(lambda: _no_usage(queue), timeout=60, what="the quota released")
