@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.e2e.conftest import LocalCluster, delete_namespace, wait_for
+from tests.e2e.conftest import LocalCluster, crd_names, delete_namespace, wait_established, wait_for
 from tests.e2e.operator_fixture import OPERATOR_ARGS, OperatorProcess
 from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
 
@@ -44,8 +44,10 @@ def _args() -> tuple[str, ...]:
 def kueue(
     cluster: LocalCluster, crds_installed: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[local_kueue.Kueue]:
-    for crd in local_kueue.crd_files():
+    crds = local_kueue.crd_files()
+    for crd in crds:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    wait_established(cluster, crd_names(crds[0].parent))
     work = tmp_path_factory.mktemp("kueue")
     running = local_kueue.start(work, cluster.kubeconfig, work / "ca", pods_ready_seconds=300)
     api = cluster.api_client()

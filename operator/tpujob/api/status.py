@@ -181,7 +181,7 @@ class QueueStatus(StatusModel):
         description="Seconds it waited for admission since the job started, past waits only.",
     )
     evictions: int = Field(
-        default=0, ge=0, le=MAX_COUNT, description="Times Kueue evicted or preempted it."
+        default=0, ge=0, description="Times Kueue evicted or preempted it."
     )
     last_eviction: str | None = Field(
         default=None,

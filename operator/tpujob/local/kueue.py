@@ -33,6 +33,8 @@ TOOLS = ROOT / "tools"
 MODULE = "sigs.k8s.io/kueue"
 EXTERNAL_FRAMEWORK = f"{KIND}.{VERSION}.{GROUP}"
 READY_SECONDS = 120.0
+# Where Kueue reads its metrics server's certificate when it manages no certificates itself.
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 # Off: MultiKueue and the visibility API need objects in Kueue's own namespace, or a port of
 # their own, that an out-of-cluster Kueue beside parallel test clusters does not have.
 FEATURE_GATES = {"MultiKueue": False, "VisibilityOnDemand": False}
@@ -90,7 +92,9 @@ def configuration(work: Path, ports: tuple[int, int, int], *, pods_ready_seconds
         "metrics": {"bindAddress": f"127.0.0.1:{metrics}"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
         "waitForPodsReady": {"timeout": f"{pods_ready_seconds}s", "blockAdmission": False},
-        "integrations": {"frameworks": [], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        # Kueue enables batch/job when given no framework; its webhooks are not registered
+        # here, and it acts only on Jobs that name a queue.
+        "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
         "featureGates": FEATURE_GATES,
     }
     return yaml.safe_dump(config)
@@ -122,6 +126,20 @@ def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
             }
         )
     return configurations
+
+
+def _with_metrics_certs(certs: Path) -> list[str]:
+    """A bubblewrap prefix that shows `certs` at METRICS_CERTS and the rest of the machine as
+    it is: without cluster-managed certificates Kueue reads its metrics server's certificate
+    from that fixed path, which this process does not write on the host. /etc becomes a
+    tmpfs holding the host's entries, bound one by one, plus that folder."""
+    args = ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/etc"]
+    for entry in sorted(os.scandir("/etc"), key=lambda e: e.name):
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry.path), entry.path]
+        else:
+            args += ["--dev-bind", entry.path, entry.path]
+    return [*args, "--dir", str(METRICS_CERTS.parent), "--ro-bind", str(certs), str(METRICS_CERTS)]
 
 
 @dataclass
@@ -169,7 +187,13 @@ def start(work: Path, kubeconfig: Path, ca_dir: Path, *, pods_ready_seconds: int
     log_path = work / "kueue.log"
     log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - the child owns it
     popen = subprocess.Popen(
-        [str(binary()), "--config", str(work / "config.yaml"), "--zap-log-level=2"],
+        [
+            *_with_metrics_certs(certs),
+            str(binary()),
+            "--config",
+            str(work / "config.yaml"),
+            "--zap-log-level=2",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
