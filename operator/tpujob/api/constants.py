@@ -27,7 +27,7 @@ REJOIN_MOUNT_PATH = "/var/run/tpujob"
 REJOIN_VOLUME = "tpujob-rejoin"
 CHECKPOINT_VOLUME = "checkpoints"
 # The fast local checkpoint tier (spec.checkpoint.local): a memory-backed emptyDir per pod.
-LOCAL_CHECKPOINT_MOUNT_PATH = "/var/lib/tpujob/local-checkpoints"
+LOCAL_CHECKPOINT_MOUNT_PATH = "/local-checkpoints"
 LOCAL_CHECKPOINT_VOLUME = "tpujob-local-checkpoints"
 
 # Bounds on user input.

@@ -180,9 +180,7 @@ class QueueStatus(StatusModel):
         ge=0,
         description="Seconds it waited for admission since the job started, past waits only.",
     )
-    evictions: int = Field(
-        default=0, ge=0, description="Times Kueue evicted or preempted it."
-    )
+    evictions: int = Field(default=0, ge=0, description="Times Kueue evicted or preempted it.")
     last_eviction: str | None = Field(
         default=None,
         max_length=c.MAX_MESSAGE_LENGTH,

@@ -19,7 +19,13 @@ from kubernetes import client
 
 from tpujob.api import labels
 from tpujob.kube.errors import ConflictError, NotFoundError, call
-from tpujob.observed.admission import WorkloadView, flavor_node_labels, parse_workload
+from tpujob.observed.admission import (
+    PRIORITY_BOOST,
+    WORK_SINCE_CHECKPOINT,
+    WorkloadView,
+    flavor_node_labels,
+    parse_workload,
+)
 from tpujob.plan.queueing import KUEUE_GROUP, KUEUE_VERSION, POD_PRIORITY_CLASS
 from tpujob.plan.result import WorkloadPriority, WorkloadWrite
 
@@ -47,7 +53,14 @@ def workload_record(raw: Mapping[str, Any]) -> dict[Hashable, WorkloadRecord]:
     owners = frozenset(str(r.get("uid")) for r in refs if isinstance(r, Mapping) and r.get("uid"))
     status = raw.get("status") or {}
     kept = {
-        "metadata": {k: meta.get(k) for k in ("name", "uid", "resourceVersion")},
+        "metadata": {
+            **{k: meta.get(k) for k in ("name", "uid", "resourceVersion")},
+            "annotations": {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k in (PRIORITY_BOOST, WORK_SINCE_CHECKPOINT)
+            },
+        },
         "spec": {"active": (raw.get("spec") or {}).get("active")},
         "status": {k: status.get(k) for k in ("conditions", "admission")},
     }
@@ -90,7 +103,12 @@ class WorkloadWriter:
         if write.create is not None:
             self._create(namespace, write.create, write.priority)
             return
+        patch: dict[str, Any] = {}
         if write.active is not None:
+            patch["spec"] = {"active": write.active}
+        if write.annotations is not None:
+            patch["metadata"] = {"annotations": dict(write.annotations)}
+        if patch:
             call(
                 self.custom.patch_namespaced_custom_object,
                 KUEUE_GROUP,
@@ -98,7 +116,7 @@ class WorkloadWriter:
                 namespace,
                 WORKLOADS,
                 write.name,
-                {"spec": {"active": write.active}},
+                patch,
             )
         if write.conditions is None and not write.clear_admission:
             return

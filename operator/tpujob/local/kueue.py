@@ -36,8 +36,9 @@ READY_SECONDS = 120.0
 # Where Kueue reads its metrics server's certificate when it manages no certificates itself.
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 # Off: MultiKueue and the visibility API need objects in Kueue's own namespace, or a port of
-# their own, that an out-of-cluster Kueue beside parallel test clusters does not have.
-FEATURE_GATES = {"MultiKueue": False, "VisibilityOnDemand": False}
+# their own, that an out-of-cluster Kueue beside parallel test clusters does not have. On: the
+# priority boost the operator publishes for checkpoint-aware preemption (alpha in v0.19).
+FEATURE_GATES = {"MultiKueue": False, "VisibilityOnDemand": False, "PriorityBoost": True}
 
 
 def _go(*args: str) -> str:

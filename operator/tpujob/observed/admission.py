@@ -25,6 +25,11 @@ PODS_READY = "PodsReady"
 REQUEUED = "Requeued"
 # Evictions after which Kueue requeues the workload at once (the job's fault is not the cause).
 REQUEUED_AT_ONCE = frozenset({"Preempted", "NodeFailures"})
+# Kueue's priority boost (feature gate PriorityBoost, alpha): added to the Workload's priority
+# when Kueue orders preemption candidates and admissions.
+PRIORITY_BOOST = "kueue.x-k8s.io/priority-boost"
+# The work a preemption would throw away, as the operator last published it.
+WORK_SINCE_CHECKPOINT = "tpujob.dev/work-since-checkpoint-seconds"
 # Bounds on what is copied from an object anyone who may create Workloads could write.
 MAX_LABELS = 32
 MAX_TEXT = 256
@@ -68,6 +73,8 @@ class WorkloadView:
     flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Node labels of the assigned flavors, all pod sets together (the shell resolves them).
     node_labels: Mapping[str, str] = field(default_factory=dict)
+    # The priority boost on it (its annotation), None when it has none.
+    boost: int | None = None
 
     def condition(self, kind: str) -> WorkloadCondition | None:
         return next((c for c in self.conditions if c.type == kind), None)
@@ -144,6 +151,7 @@ def parse_workload(
                 if len(labels) < MAX_LABELS:
                     labels[key] = value
     cluster_queue = admission.get("clusterQueue") if admission is not None else None
+    boost = _text((meta.get("annotations") or {}).get(PRIORITY_BOOST))
     return WorkloadView(
         name=_text(meta.get("name")),
         uid=_text(meta.get("uid")),
@@ -153,6 +161,7 @@ def parse_workload(
         cluster_queue=_text(cluster_queue) or None,
         flavors=flavors,
         node_labels=labels,
+        boost=int(boost) if boost.lstrip("-").isdigit() else None,
     )
 
 

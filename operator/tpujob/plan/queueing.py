@@ -20,7 +20,11 @@ framework is for the kinds it knows (the Kueue configuration lists `TPUTrainingJ
 * it tells Kueue when every pod of the attempt runs (`PodsReady`, for `waitForPodsReady`) and
   when the job has finished (`Finished`), which releases the quota;
 * a user's `spec.suspend: true` deactivates the Workload (`spec.active: false`), so a
-  suspended job holds no quota.
+  suspended job holds no quota;
+* it publishes, on a running job's Workload, the work a preemption would throw away (the
+  steps since its last committed checkpoint at the measured rate) and a priority boost from
+  it (`kueue.x-k8s.io/priority-boost`, read by Kueue with its PriorityBoost gate on): among
+  jobs of one priority, the one that saved last is preempted first.
 
 Kueue's topology assignments and admission checks' pod set updates are not applied (the
 operator's own pool placement gives each slice a whole pool); flavors' tolerations neither
@@ -42,10 +46,13 @@ from tpujob.observed.admission import (
     ADMITTED,
     FINISHED,
     PODS_READY,
+    PRIORITY_BOOST,
     QUOTA_RESERVED,
     REQUEUED,
     REQUEUED_AT_ONCE,
+    WORK_SINCE_CHECKPOINT,
     WorkloadCondition,
+    WorkloadView,
 )
 from tpujob.observed.views import Observed
 from tpujob.plan import manifests
@@ -58,6 +65,9 @@ PRIORITY_CLASS_LABEL = f"{KUEUE_GROUP}/priority-class"
 # The kinds of class a Workload's priority comes from.
 WORKLOAD_PRIORITY_CLASS = "WorkloadPriorityClass"
 POD_PRIORITY_CLASS = "PriorityClass"
+# The checkpoint-aware priority boost (`_boost`): a point per minute of work at risk, at most 10.
+BOOST_SECONDS = 60.0
+MAX_BOOST = 10
 # Kueue's limit on pod sets per Workload; a job with more slices is one pod set of them all.
 MAX_POD_SETS = 8
 
@@ -252,16 +262,50 @@ def sync_workload(obs: Observed, draft: Draft) -> None:
             changed.append(ready)
     changed = [c for c in changed if not _same(conditions.get(c.type), c)]
     active = not job.spec.suspend
-    if not changed and not clear and wl.active == active:
+    annotations = _boost(obs, draft, wl)
+    if not changed and not clear and wl.active == active and annotations is None:
         return
     merged = {**conditions, **{c.type: c for c in changed}}
     draft.workload = WorkloadWrite(
         name=wl.name,
         resource_version=wl.resource_version,
         active=active if wl.active != active else None,
+        annotations=annotations,
         conditions=tuple(c.as_dict() for c in merged.values()) if changed else None,
         clear_admission=clear,
     )
+
+
+def work_at_risk(obs: Observed, draft: Draft) -> float | None:
+    """Seconds of training a preemption now would throw away: the steps since the last
+    committed checkpoint at the measured rate; None when the job is not training."""
+    beat = obs.heartbeat
+    if (
+        draft.status.phase is not Phase.RUNNING
+        or beat is None
+        or beat.attempt != draft.status.attempt
+        or beat.step is None
+        or not beat.steps_per_second
+    ):
+        return None
+    saved = beat.checkpoint_step or 0
+    return max(0, beat.step - saved) / beat.steps_per_second
+
+
+def _boost(obs: Observed, draft: Draft, wl: WorkloadView) -> dict[str, str | None] | None:
+    """The checkpoint-aware priority boost, when it changes: a running job gains a point per
+    `BOOST_SECONDS` of work a preemption would lose (at most `MAX_BOOST`, so a boost never
+    lifts a job past a priority class set `MAX_BOOST` + 1 apart), so among jobs of one
+    priority Kueue preempts the one that saved last first. A job not running has none."""
+    risk = work_at_risk(obs, draft) if wl.admitted and wl.evicted is None else None
+    if risk is None:
+        if wl.boost is None:
+            return None
+        return {PRIORITY_BOOST: None, WORK_SINCE_CHECKPOINT: None}
+    boost = min(MAX_BOOST, int(risk // BOOST_SECONDS))
+    if wl.boost == boost:
+        return None
+    return {PRIORITY_BOOST: str(boost), WORK_SINCE_CHECKPOINT: str(int(risk))}
 
 
 def _pods_ready(obs: Observed, draft: Draft) -> WorkloadCondition | None:

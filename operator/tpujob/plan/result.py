@@ -7,6 +7,7 @@ before anything acts on it, and an operator restarted in between finishes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -86,14 +87,16 @@ class WorkloadPriority:
 @dataclass(frozen=True)
 class WorkloadWrite:
     """One write to the job's Kueue Workload (`tpujob.plan.queueing`): create it, or set
-    `spec.active`, and replace its conditions and clear its admission (on the status, only if
-    it is still at `resource_version`)."""
+    `spec.active` and its annotations, and replace its conditions and clear its admission (on
+    the status, only if it is still at `resource_version`)."""
 
     name: str
     create: dict[str, Any] | None = None
     priority: WorkloadPriority | None = None
     resource_version: str | None = None
     active: bool | None = None
+    # Annotations to set (a None value removes one): the checkpoint-aware priority boost.
+    annotations: Mapping[str, str | None] | None = None
     conditions: tuple[dict[str, Any], ...] | None = None
     clear_admission: bool = False
 

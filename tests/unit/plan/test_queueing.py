@@ -7,12 +7,18 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from tests.unit.builders import T0, at, iso, job_body, node, observed, pod, running_status
+from tests.unit.builders import T0, at, iso, job_body, lease, node, observed, pod, running_status
 
-from tpujob.api import ConditionType, Phase, labels, parse_job
+from tpujob.api import ConditionType, Phase, contract, labels, parse_job
 from tpujob.api.reasons import ConditionReason, TimelineKind
-from tpujob.observed.admission import WorkloadView, flavor_node_labels, parse_workload
-from tpujob.observed.views import Observed
+from tpujob.observed.admission import (
+    PRIORITY_BOOST,
+    WORK_SINCE_CHECKPOINT,
+    WorkloadView,
+    flavor_node_labels,
+    parse_workload,
+)
+from tpujob.observed.views import Observed, heartbeat_view
 from tpujob.plan import queueing
 from tpujob.plan.placement import pools_of
 from tpujob.plan.planner import plan
@@ -286,3 +292,44 @@ def test_a_job_with_spares_holds_none_while_queued() -> None:
     )
     assert result.status.spares == ()
     assert not any(o["metadata"].get("labels", {}).get(labels.SPARE) for o in result.create)
+
+
+def beat(*, step: int, saved: int, rate: float = 1.0) -> dict[str, Any]:
+    body = lease(renewed=19, step=step)
+    notes = body["metadata"]["annotations"]
+    notes[contract.HEARTBEAT_CHECKPOINT_STEP] = str(saved)
+    notes[contract.HEARTBEAT_STEPS_PER_SECOND] = str(rate)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("step", "saved", "boost_before", "written"),
+    [
+        (130, 10, None, {PRIORITY_BOOST: "2", WORK_SINCE_CHECKPOINT: "120"}),
+        (130, 120, None, {PRIORITY_BOOST: "0", WORK_SINCE_CHECKPOINT: "10"}),
+        (1000, 0, None, {PRIORITY_BOOST: str(queueing.MAX_BOOST), WORK_SINCE_CHECKPOINT: "1000"}),
+        (130, 10, "2", None),
+    ],
+    ids=["two-minutes-at-risk", "just-saved", "capped", "unchanged-no-write"],
+)
+def test_a_running_job_publishes_the_work_a_preemption_would_lose_as_a_priority_boost(
+    step: int, saved: int, boost_before: str | None, written: dict[str, str] | None
+) -> None:
+    job = queued_job(running_status(queue={"name": "team-queue", "admitted": True}))
+    wl = workload(job, admitted=True, extra=(condition("PodsReady", True, "Started"),))
+    if boost_before is not None:
+        wl["metadata"]["annotations"] = {PRIORITY_BOOST: boost_before}
+    pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    obs = replace(seen(job, wl, pods=pods), heartbeat=heartbeat_view(beat(step=step, saved=saved)))
+    result = plan(obs, now=at(20))
+    got = result.workload.annotations if result.workload is not None else None
+    assert got == written
+
+
+def test_a_job_no_longer_running_takes_its_boost_off() -> None:
+    job = queued_job(running_status(queue={"name": "team-queue", "admitted": True}))
+    wl = workload(job, admitted=True, evicted="Preempted")
+    wl["metadata"]["annotations"] = {PRIORITY_BOOST: "3"}
+    result = plan(seen(job, wl, pods=[pod(job, 1, 0, 0), pod(job, 1, 0, 1)]), now=at(20))
+    assert result.workload is not None
+    assert result.workload.annotations == {PRIORITY_BOOST: None, WORK_SINCE_CHECKPOINT: None}
