@@ -42,12 +42,14 @@ def values(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 class Lease:
-    """A LeaseReader holding the fencing token."""
+    """A LeaseReader holding the fencing token; it counts its reads."""
 
     def __init__(self, token: str | None) -> None:
         self.token = token
+        self.reads = 0
 
     def read_lease_annotations(self, name: str, namespace: str) -> Mapping[str, str]:
+        self.reads += 1
         return {} if self.token is None else {LEASE_FENCE_ANNOTATION: self.token}
 
 
@@ -101,9 +103,10 @@ def test_the_local_tier_keeps_its_newest_steps_and_a_rollback_drops_later_ones(
 
 
 def test_a_local_step_of_another_job_is_not_loaded(tmp_path: Path) -> None:
-    LocalTier(str(tmp_path), keep=2, attempt=1, job_uid="old").save(4, state(4.0))
+    old = LocalTier(str(tmp_path), keep=2, attempt=1, job_uid="old")
+    old.save(4, state(4.0))
+    assert old.wait() == 4
     tier = LocalTier(str(tmp_path), keep=2, attempt=1, job_uid="new")
-    tier.wait()
     with pytest.raises(ValueError, match="another job"):
         tier.load(4)
 
@@ -152,6 +155,8 @@ def test_a_restore_reads_the_newest_step_of_any_tier_from_the_fastest(
     assert restored is not None
     assert (restored.step, restored.source) == (step, source)
     assert values(restored.state) == values(state(float(step)))
+    # The heartbeat's checkpoint step stays the persistent tier's: what outlives the pods.
+    assert restored.durable_step == max(persistent)
 
 
 def test_a_corrupt_newest_persistent_step_falls_back_to_a_newer_local_step(tmp_path: Path) -> None:
@@ -163,6 +168,7 @@ def test_a_corrupt_newest_persistent_step_falls_back_to_a_newer_local_step(tmp_p
     assert restored is not None
     assert (restored.step, restored.source, restored.skipped) == (12, Source.LOCAL, (14,))
     assert values(restored.state) == values(state(12.0))
+    assert restored.durable_step == 10
     assert [p.name for p in (tmp_path / "persistent" / CORRUPT_FOLDER).iterdir()] == [
         "14.attempt-0"
     ]
@@ -187,8 +193,8 @@ def test_a_rollback_applies_to_every_tier(
     assert sorted(p.name for p in rolled.iterdir()) == ["14.attempt-0"]
 
 
-def gate(token: str | None) -> SaveGate:
-    return SaveGate(Lease(token), lease="job-heartbeat", namespace="ns", attempt=2)
+def gate(token: str | None, lease: Lease | None = None) -> SaveGate:
+    return SaveGate(lease or Lease(token), lease="job-heartbeat", namespace="ns", attempt=2)
 
 
 def test_a_save_the_lease_does_not_allow_commits_to_no_tier(tmp_path: Path) -> None:
@@ -293,3 +299,33 @@ def test_a_restarted_job_restores_from_its_local_tiers_and_a_replaced_worker_fro
     digests = {p.digest(resumed) for p in kept + replaced}
     assert len(digests) == 1
     assert {p.digest("done") for p in kept + replaced} == {kept[0].digest("done")}
+
+
+def test_local_saves_reuse_a_verdict_to_commit_for_one_persistent_interval_only(
+    tmp_path: Path,
+) -> None:
+    lease = Lease("2")
+    saver = tiers(tmp_path, gate=gate(None, lease))
+    saver._recheck = 5  # the persistent interval
+    for step in (2, 4):
+        assert saver.save_local(step, state(float(step)))
+    assert lease.reads == 1  # step 2's verdict holds for step 4
+    lease.token = "3"  # attempt 3 takes over
+    assert saver.save_local(6, state(6.0))  # the window: step 2's verdict is 4 steps old
+    with pytest.raises(FencedError):
+        saver.save_local(8, state(8.0))  # 6 steps old: asked again, and fenced
+    with pytest.raises(FencedError):
+        saver.save(10, state(10.0))  # a persistent save always asks
+    assert lease.reads == 3
+    saver.wait()
+    assert sorted(int(p.name) for p in (tmp_path / "local").iterdir()) == [2, 4, 6]
+
+
+def test_a_verdict_not_to_commit_is_never_reused(tmp_path: Path) -> None:
+    lease = Lease(None)
+    saver = tiers(tmp_path, gate=gate(None, lease))
+    saver._recheck = 100
+    assert not saver.save_local(2, state(2.0))
+    lease.token = "2"
+    assert saver.save_local(4, state(4.0))
+    assert lease.reads == 2

@@ -18,6 +18,7 @@ from tpujob_trainer.contract import (
     HEARTBEAT_ATTEMPT,
     HEARTBEAT_CHECKPOINT_STEP,
     HEARTBEAT_JOB_UID,
+    HEARTBEAT_LOCAL_CHECKPOINT_STEP,
     HEARTBEAT_LOSS,
     HEARTBEAT_REJOINS,
     HEARTBEAT_SAVE_SECONDS,
@@ -89,7 +90,20 @@ def test_renewal_publishes_progress_as_renew_time_and_annotations() -> None:
         HEARTBEAT_CHECKPOINT_STEP: "10",
         HEARTBEAT_ATTEMPT: "1",
         HEARTBEAT_REJOINS: "false",
+        HEARTBEAT_LOCAL_CHECKPOINT_STEP: "",
     }
+
+
+def test_a_trainer_with_a_local_tier_publishes_its_step_beside_the_persistent_one() -> None:
+    client, clock = RecordingLeases(), FakeClock()
+    heartbeat = make(client, clock)
+    heartbeat.progress(replace(progress(12), local_checkpoint_step=12))
+    assert heartbeat.renew_if_due()
+    annotations = client.patches[0][2]["metadata"]["annotations"]
+    assert (
+        annotations[HEARTBEAT_CHECKPOINT_STEP],
+        annotations[HEARTBEAT_LOCAL_CHECKPOINT_STEP],
+    ) == ("10", "12")
 
 
 def test_a_trainer_that_knows_its_job_signs_its_beats_with_the_job_uid() -> None:

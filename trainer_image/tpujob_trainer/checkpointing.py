@@ -75,6 +75,13 @@ class Restored:
     step: int
     skipped: tuple[int, ...] = ()
     source: Source = Source.PERSISTENT
+    # For a restore from another tier: the persistent tier's newest step (None: it has none).
+    persistent_step: int | None = None
+
+    @property
+    def durable_step(self) -> int | None:
+        """The newest step that outlives the pods: what the heartbeat's checkpoint step says."""
+        return self.step if self.source is Source.PERSISTENT else self.persistent_step
 
 
 @dataclass(frozen=True)

@@ -127,10 +127,12 @@ def lease_patch(progress: Progress, now: datetime, job_uid: str | None = None) -
                 HEARTBEAT_ATTEMPT: str(progress.attempt),
                 HEARTBEAT_REJOINS: "true" if progress.rejoins else "false",
                 **({HEARTBEAT_JOB_UID: job_uid} if job_uid else {}),
-                **(
-                    {HEARTBEAT_LOCAL_CHECKPOINT_STEP: str(progress.local_checkpoint_step)}
-                    if progress.local_checkpoint_step is not None
-                    else {}
+                # Empty, not left out: a merge patch would keep an earlier attempt's value,
+                # from a local tier that went with its pods.
+                HEARTBEAT_LOCAL_CHECKPOINT_STEP: (
+                    ""
+                    if progress.local_checkpoint_step is None
+                    else str(progress.local_checkpoint_step)
                 ),
                 **(
                     {HEARTBEAT_SAVE_SECONDS: f"{progress.save_seconds:.3g}"}

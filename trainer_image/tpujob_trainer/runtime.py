@@ -217,4 +217,10 @@ def open_checkpoints(
     local = LocalTier(
         config.local_checkpoint_dir, keep=LOCAL_KEEP, attempt=config.attempt, job_uid=config.job_uid
     )
-    return TieredCheckpoints(persistent, local, gate=gate, process_index=config.process_id)
+    return TieredCheckpoints(
+        persistent,
+        local,
+        gate=gate,
+        process_index=config.process_id,
+        recheck_steps=config.checkpoint_interval,
+    )

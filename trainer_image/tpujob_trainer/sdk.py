@@ -201,7 +201,9 @@ class Job(runtime.Loop):
                 list(restored.skipped),
                 restored.step,
             )
-        self.context = replace(self.context, step=restored.step, checkpoint_step=restored.step)
+        self.context = replace(
+            self.context, step=restored.step, checkpoint_step=restored.durable_step
+        )
         log.info("resumed from step %d", restored.step)
         return restored.state, restored.step
 

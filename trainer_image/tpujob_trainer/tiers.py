@@ -25,8 +25,16 @@ back past a corrupt step to one older than a local step, the local step is resto
 A rollback (`resume_at`) applies to every tier: local steps after it are removed and
 persistent ones moved aside.
 
-Fencing guards every tier: each save, local or persistent, first asks the job's `SaveGate`
-(one Lease read and one all-gather), and the gate's verdict holds for both tiers of a step.
+Fencing guards every tier: a persistent save first asks the job's `SaveGate` (one Lease read
+and one all-gather), and its verdict holds for both tiers of that step. A local save asks too,
+unless the job's last verdict to commit is younger than `recheck_steps` steps (the persistent
+interval): saving every few steps, a Lease read per host per save would put thousands of reads
+a minute on the API server for a large job. The reuse is decided by step numbers, which every
+process shares, so the gate's all-gather is entered by all or by none. The window it leaves is
+a fenced process writing its own pod's local tier for up to `recheck_steps` more steps: that
+tier is read only by a later training process of the same pod, which the pod's supervisor
+starts after it has ended this one, and only by an attempt that restores it as the newest
+step of a job that did train to it.
 The heartbeat's checkpoint step stays the persistent tier's (what survives losing the pods);
 the local tier's committed step is published beside it.
 
@@ -53,6 +61,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -104,11 +113,14 @@ class TieredCheckpoints:
         gather: Callable[[Sequence[int]], list[list[int]]] = gather_ints,
         broadcast: Broadcast = _broadcast,
         process_index: int = 0,
+        recheck_steps: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._persistent = persistent
         self._local = local
         self._gate = gate
+        self._recheck = max(1, recheck_steps)
+        self._verified: int | None = None  # the step of the job's last verdict to commit
         self._gather = gather
         self._broadcast = broadcast
         self._process = process_index
@@ -118,16 +130,29 @@ class TieredCheckpoints:
 
     def save(self, step: int, state: State) -> bool:
         """Save `step` to both tiers if fencing allows; False when not saved (persistent)."""
-        if self._gate is not None and not self._gate.authorize(step):
+        if not self._authorized(step, reuse=False):
             return False
         self._local.save(step, state)
         return self._persistent.save(step, state)
 
     def save_local(self, step: int, state: State) -> bool:
         """Save `step` to the local tier only, if fencing allows; whether it was started."""
-        if self._gate is not None and not self._gate.authorize(step):
+        if not self._authorized(step, reuse=True):
             return False
         self._local.save(step, state)
+        return True
+
+    def _authorized(self, step: int, *, reuse: bool) -> bool:
+        """Whether `step` may be committed; raises `FencedError` when a newer attempt owns the
+        checkpoints. With `reuse`, a verdict to commit younger than `recheck_steps` holds."""
+        if self._gate is None:
+            return True
+        if reuse and self._verified is not None and 0 <= step - self._verified < self._recheck:
+            return True
+        if not self._gate.authorize(step):
+            self._verified = None
+            return False
+        self._verified = step
         return True
 
     def committed_step(self) -> int | None:
@@ -186,6 +211,10 @@ class TieredCheckpoints:
                 better = self._restore_local(template, newest_local, mine == newest_local)
                 if better is not None:
                     restored = Restored(better.state, better.step, restored.skipped, better.source)
+        if restored is not None and restored.source is not Source.PERSISTENT:
+            # Read after any step was set aside (corrupt, or rolled back).
+            durable = self._persistent.latest_step(at_most=resume_at)
+            restored = replace(restored, persistent_step=durable)
         if restored is not None:
             log.info(
                 "restored step %d from the %s tier in %.2fs",

@@ -56,7 +56,7 @@ class Trainer(runtime.Loop):
             restored = checkpoints.restore(state, resume_at=cfg.resume_step)
             if restored is not None:
                 state, start = restored.state, restored.step
-                self.context = replace(self.context, checkpoint_step=start)
+                self.context = replace(self.context, checkpoint_step=restored.durable_step)
                 if restored.skipped:
                     log.warning(
                         "checkpoint fallback: steps %s could not be restored, resumed from %d",
