@@ -28,6 +28,7 @@ from fidelity_probes import (
     terminal,
     wait_for,
 )
+from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 # A pod that ends by itself, and what it does.
@@ -61,16 +62,29 @@ def endings(t: Target) -> dict[str, Any]:
     signal_from_host(t, "sigterm-from-outside", signal.SIGTERM)
     out = {}
     for name in ENDINGS:
-        out[name] = summary(wait_for(name, lambda n=name: terminal(t, n), 120))
+        out[name] = summary(wait_for(name, lambda n=name: terminal(t, n), 120) or read(t, name))
     return out
 
 
-def missing_image(t: Target) -> dict[str, Any]:
-    """An image the node does not have, with imagePullPolicy Never."""
-    name = "missing-image"
-    create(t, pod_manifest(t, name, SLEEP, image="tpujob.dev/fidelity-missing:0"))
+def start_failures(t: Target) -> dict[str, Any]:
+    """Pods that cannot start as asked: an image the node does not have (imagePullPolicy
+    Never), a volume mounted under /etc (a folder of the image; of the host on the agent)."""
+    create(t, pod_manifest(t, "missing-image", SLEEP, image="tpujob.dev/fidelity-missing:0"))
+    create(
+        t,
+        pod_manifest(
+            t,
+            "mount-under-etc",
+            SLEEP,
+            volumes=[{"name": "scratch", "emptyDir": {}}],
+            mounts=[{"name": "scratch", "mountPath": "/etc/probe-scratch"}],
+        ),
+    )
     time.sleep(20)
-    return {name: {**summary(read(t, name)), "warnings": events(t, name)}}
+    return {
+        name: {**summary(read(t, name)), "warnings": events(t, name)[:2]}
+        for name in ("missing-image", "mount-under-etc")
+    }
 
 
 def downward_refresh(t: Target, trials: int = 4) -> dict[str, Any]:
@@ -79,7 +93,7 @@ def downward_refresh(t: Target, trials: int = 4) -> dict[str, Any]:
     name = "downward"
     program = (
         "last = None\nwhile True:\n"
-        "    try: v = open('/etc/order/order').read()\n"
+        "    try: v = open('/var/run/probe/order').read()\n"
         "    except OSError: v = None\n"
         "    if v != last: note('seen', v or '-'); last = v\n"
         "    time.sleep(0.05)\n"
@@ -99,11 +113,12 @@ def downward_refresh(t: Target, trials: int = 4) -> dict[str, Any]:
             name,
             program,
             volumes=[volume],
-            mounts=[{"name": "order", "mountPath": "/etc/order"}],
+            mounts=[{"name": "order", "mountPath": "/var/run/probe"}],
         ),
     )
     wait_for("downward running", lambda: running(t, name), 120)
-    wait_for("first value", lambda: t.notes(name), 60)
+    if not wait_for("first value", lambda: t.notes(name), 60):
+        return {"failed": summary(read(t, name))}
     delays: list[float] = []
     for i in range(trials):
         time.sleep(random.uniform(1, 8))  # sample different points of the kubelet's cycle
@@ -125,16 +140,24 @@ def downward_refresh(t: Target, trials: int = 4) -> dict[str, Any]:
 def _delete_and_follow(
     t: Target, name: str, grace: int | None
 ) -> tuple[float, dict[str, Any] | None]:
-    """Delete `name`; seconds until it is gone, and the last status seen before."""
-    start, last = time.time(), read(t, name)
+    """Delete `name`; seconds until it is gone, and its last state, as a watch (the
+    operator's informer) sees them: the object of the DELETED event."""
+    pod = read(t, name)
+    if pod is None:
+        return 0.0, None
+    start = time.time()
     t.core.delete_namespaced_pod(name, t.namespace, grace_period_seconds=grace)
-    while time.time() - start < 120:
-        pod = read(t, name)
-        if pod is None:
-            return round(time.time() - start, 2), last
-        last = pod
-        time.sleep(0.1)
-    return float("inf"), last
+    for event in watch.Watch().stream(
+        t.core.list_namespaced_pod,
+        t.namespace,
+        field_selector=f"metadata.name={name}",
+        resource_version=pod["metadata"]["resourceVersion"],
+        timeout_seconds=120,
+    ):
+        if event["type"] == "DELETED":
+            gone = round(time.time() - start, 2)
+            return gone, dict(t.core.api_client.sanitize_for_serialization(event["object"]))
+    return float("inf"), read(t, name)
 
 
 def grace_and_sigterm(t: Target) -> dict[str, Any]:
@@ -310,7 +333,7 @@ def lost_node(t: Target) -> dict[str, Any]:
 
 CHECKS: dict[str, Callable[[Target], dict[str, Any]]] = {
     "endings": endings,
-    "missing_image": missing_image,
+    "start_failures": start_failures,
     "downward_refresh": downward_refresh,
     "grace_and_sigterm": grace_and_sigterm,
     "force_delete": force_delete,

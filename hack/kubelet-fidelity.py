@@ -141,7 +141,7 @@ def local_target(run: str, keep: bool) -> Iterator[Target]:
             name="local",
             core=core,
             node=node,
-            image="",
+            image="local",  # the node agent runs commands of this machine, not images
             run=run,
             read_node_file=read_node_file,
             node_down=lambda: fault("node-down"),

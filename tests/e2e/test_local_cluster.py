@@ -52,7 +52,8 @@ def test_failed_container_reports_exit_code_and_termination_message(
     )
     wait_for(lambda: phase_of(core, namespace, "bad") == "Failed", timeout=60, what="Failed")
     state = terminated_state(core, namespace, "bad")
-    assert (state.exit_code, state.reason, state.message) == (3, "Error", "bad")
+    # The file's bytes as written, newline included, as the kubelet reports them.
+    assert (state.exit_code, state.reason, state.message) == (3, "Error", "bad\n")
 
 
 def test_fallback_to_logs_on_error_puts_the_log_tail_in_the_message(

@@ -137,6 +137,9 @@ def test_a_pods_host_path_volume_is_checked_as_its_type(tmp_path: Path) -> None:
             ]
         },
     }
-    with pytest.raises(sandbox.StartError, match="volume 'strict': hostPath type check failed"):
+    with pytest.raises(
+        sandbox.MountError,
+        match='MountVolume.SetUp failed for volume "strict" : hostPath type check failed',
+    ):
         sandbox.prepare_volumes(pod, tmp_path / "pod", pod_ip="10.0.0.2", lookups=None)  # type: ignore[arg-type]
     assert (tmp_path / "made").is_dir()

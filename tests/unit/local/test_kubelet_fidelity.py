@@ -6,28 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.unit.local.test_runtime import runtime as base_runtime
 
-from tpujob.local.agent.runtime import ContainerRuntime, PodRuntime, Terminated, pod_status
+from tpujob.local.agent.runtime import PodRuntime, Terminated, pod_status
 
 
 def runtime(tmp_path: Path, terminated: Terminated | None) -> PodRuntime:
-    rt = PodRuntime(
-        uid="u",
-        namespace="ns",
-        name="p",
-        node="n",
-        directory=tmp_path,
-        ip="10.1.1.5",
-        restart_policy="Never",
-        started_at=100.0,
-        netns="x" if terminated is None else "",
-    )
-    c = ContainerRuntime(name="probe", image="img", directory=tmp_path / "c")
+    """A one-container pod: running when `terminated` is None, else ended so."""
+    rt = base_runtime(tmp_path)
+    c = rt.containers[0]
     if terminated is None:
         c.proc = object()  # type: ignore[assignment]  # running: a process, not yet reaped
         c.started_at = 100.0
+    else:
+        rt.netns = ""  # a finished pod's sandbox is gone
     c.terminated = terminated
-    rt.containers.append(c)
     return rt
 
 
@@ -46,7 +39,7 @@ def conditions(status: dict[str, object]) -> set[str]:
             "Completed",
             {
                 "ContainersReady=False (PodCompleted)",
-                "Initialized=True",
+                "Initialized=True (PodCompleted)",
                 "PodReadyToStartContainers=False",
                 "PodScheduled=True",
                 "Ready=False (PodCompleted)",

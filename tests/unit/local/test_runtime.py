@@ -94,7 +94,7 @@ def test_log_tail_keeps_the_last_lines_within_the_byte_limit(tmp_path: Path) -> 
     log = tmp_path / "0.log"
     log.write_text("".join(f"line {i}\n" for i in range(1000)))
     tail = log_tail(log, lines=80, limit=2048)
-    assert tail.endswith("line 999")
+    assert tail.endswith("line 999\n")
     assert len(tail.splitlines()) == 80
     assert len(log_tail(log, lines=1000, limit=100).encode()) <= 100
 

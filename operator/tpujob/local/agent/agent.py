@@ -32,7 +32,14 @@ from tpujob.local import network
 from tpujob.local.agent import nodes as nodeplan
 from tpujob.local.agent.lookups import ApiLookups
 from tpujob.local.agent.podrunner import PodRunner
-from tpujob.local.agent.runtime import PodRuntime, pod_status, restart_delay, rfc3339, tpu_devices
+from tpujob.local.agent.runtime import (
+    PodRuntime,
+    Terminated,
+    pod_status,
+    restart_delay,
+    rfc3339,
+    tpu_devices,
+)
 from tpujob.local.agent.sandbox import ApiEndpoint
 from tpujob.local.agent.services import ApiForwarder, LogServer
 from tpujob.local.controlplane import ClusterState
@@ -43,6 +50,9 @@ LEASE_SECONDS = 40
 STATUS_EVERY = 5.0
 API_PORT_IN_PODS = 443
 MERGE_PATCH = "application/merge-patch+json"
+# The kubelet's floor for a grace period (kuberuntime's minimumGracePeriodInSeconds): what a
+# force-deleted pod's containers get between SIGTERM and SIGKILL, and any shorter grace.
+MINIMUM_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -310,10 +320,22 @@ class Agent:
             for u, rt in self.runtimes.items()
             if u not in pods and not self.faults[rt.node].kubelet_stopped
         ]:
-            rt = self.runtimes.pop(uid)  # deleted from the API (force-deleted, too)
-            self.runner.remove(rt)
-            self.posted.pop(uid, None)
+            self._kill_removed(self.runtimes[uid], now)
         self.runner.write_hosts((rt, pods[u]) for u, rt in self.runtimes.items() if u in pods)
+
+    def _kill_removed(self, rt: PodRuntime, now: float) -> None:
+        """A pod gone from the API while its containers run (force-deleted): SIGTERM, then
+        SIGKILL after the kubelet's minimum grace period, as measured on kind (2 s)."""
+        running = [c for c in rt.containers if c.running()]
+        if running and rt.removed_kill_at is None:
+            rt.removed_kill_at = now + MINIMUM_GRACE_SECONDS
+            for c in running:
+                c.signal(signal.SIGTERM)
+        if running and rt.removed_kill_at is not None and now < rt.removed_kill_at:
+            return
+        del self.runtimes[rt.uid]
+        self.runner.remove(rt)
+        self.posted.pop(rt.uid, None)
 
     def _apply_node_faults(self, now: float) -> None:
         for rt in self.runtimes.values():
@@ -325,13 +347,15 @@ class Agent:
                 if rt.netns:
                     network.set_pod_link(self.state.network, rt.uid, up=False)
             elif not down and rt.node_lost:
-                # The host came back: its pods' processes died with it, as after a reboot.
+                # The host came back: its pods' processes died with it, as after a reboot. The
+                # kubelet then reports such a container as containerd does: exit code 255,
+                # reason Unknown, no message (measured on kind, docs/kubelet-fidelity.md).
                 for c in rt.containers:
                     if c.proc is not None and c.terminated is None:
                         c.proc.wait()
                         c.poll(now=now)
                         if c.terminated is not None:
-                            c.terminated.message = "the node restarted; the container was lost"
+                            c.terminated = Terminated(255, "Unknown", "", c.started_at, now)
 
     def _reconcile(self, pod: dict[str, Any], rt: PodRuntime | None, now: float) -> None:
         meta = pod["metadata"]
@@ -348,6 +372,11 @@ class Agent:
         if deleting:
             self._terminate(pod, rt, now)
             return
+        if rt.mount_error is not None and now >= rt.mount_retry_at:
+            self.runner.mount_and_start(pod, rt, now=now)
+        if rt.mount_error is not None and rt.mount_error != rt.mount_error_reported:
+            self._warn(pod, "FailedMount", rt.mount_error, now)
+            rt.mount_error_reported = rt.mount_error
         if not rt.all_terminated():
             self.runner.refresh(pod, rt)
         for c in rt.containers:
@@ -366,7 +395,8 @@ class Agent:
         if rt.terminating_deadline is None:
             grace = pod["metadata"].get("deletionGracePeriodSeconds")
             grace = 30 if grace is None else int(grace)
-            rt.terminating_deadline = now + grace
+            # Never under the kubelet's floor, not even for a force delete (grace 0).
+            rt.terminating_deadline = now + max(grace, MINIMUM_GRACE_SECONDS)
             for c in rt.containers:
                 if c.running():
                     c.signal(signal.SIGTERM)
@@ -392,6 +422,33 @@ class Agent:
         except ApiException as err:
             if err.status not in (404, 409):
                 raise
+
+    def _warn(self, pod: Mapping[str, Any], reason: str, message: str, now: float) -> None:
+        """A Warning event about `pod`, from the kubelet of its node, as the kubelet posts one."""
+        meta, node, stamp = pod["metadata"], pod["spec"]["nodeName"], rfc3339(now)
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "kubelet", "host": node},
+            "reportingComponent": "kubelet",
+            "reportingInstance": node,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as err:  # an event is worth a try, never a failed reconcile
+            log.warning("event %s for %s failed: %s", reason, meta["name"], err)
 
     def _post_status(self, pod: Mapping[str, Any], rt: PodRuntime, now: float) -> None:
         status = pod_status(

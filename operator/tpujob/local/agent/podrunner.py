@@ -21,6 +21,13 @@ from tpujob.local.agent.runtime import ContainerRuntime, PodRuntime
 from tpujob.observed.training import quantity_bytes
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
+MOUNT_BACKOFF_MAX = 30.0
+
+
+def mount_backoff(attempts: int) -> float:
+    """Seconds before setting up a pod's volumes again: 0.5 s doubling to 30 s (the kubelet's
+    volume manager backs off from 0.5 s to about 2 minutes)."""
+    return float(min(MOUNT_BACKOFF_MAX, 0.5 * 2 ** max(0, attempts - 1)))
 
 
 class PodRunner:
@@ -83,18 +90,31 @@ class PodRunner:
         (rt.directory / "tmp").mkdir(parents=True, exist_ok=True)
         rt.write_meta()
         rt.started_at = now
+        self.mount_and_start(pod, rt, now=now)
+        return rt
+
+    def mount_and_start(self, pod: Mapping[str, Any], rt: PodRuntime, *, now: float) -> None:
+        """Set up the volumes, then start every container. A volume that cannot be set up yet
+        leaves the pod waiting (`rt.mount_error`, tried again at `rt.mount_retry_at`), as the
+        kubelet keeps such a pod in ContainerCreating; what cannot start at all fails it."""
         try:
             volumes = sandbox.prepare_volumes(
                 pod, rt.directory, pod_ip=rt.ip, lookups=self.lookups, claim_path=self._claim_path
             )
+        except sandbox.MountError as err:
+            rt.mount_error = str(err)
+            rt.mount_attempts += 1
+            rt.mount_retry_at = now + mount_backoff(rt.mount_attempts)
+            return
         except sandbox.StartError as err:
+            rt.mount_error = None
             rt.start_error = str(err)
             for c in rt.containers:
                 c.fail_to_start(str(err), now=now)
-            return rt
+            return
+        rt.mount_error = None
         for c in rt.containers:
             self.start_container(pod, rt, c, volumes, now=now)
-        return rt
 
     def start_container(
         self,

@@ -206,15 +206,17 @@ def _comm(pid: int) -> str:
 
 
 def _read_limited(path: Path) -> str:
+    # As written, not stripped: the kubelet passes the file's bytes on as they are.
     try:
         with open(path, "rb") as handle:
-            return handle.read(MAX_TERMINATION_MESSAGE).decode(errors="replace").strip()
+            return handle.read(MAX_TERMINATION_MESSAGE).decode(errors="replace")
     except OSError:
         return ""
 
 
 def log_tail(path: Path, lines: int = FALLBACK_LOG_LINES, limit: int = FALLBACK_LOG_BYTES) -> str:
-    """The kubelet's FallbackToLogsOnError message: the last lines, at most `limit` bytes."""
+    """The kubelet's FallbackToLogsOnError message: the last lines, at most `limit` bytes, with
+    their line ends (the message of a log that ends in a newline ends in one, as on kind)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -222,8 +224,8 @@ def log_tail(path: Path, lines: int = FALLBACK_LOG_LINES, limit: int = FALLBACK_
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""
-    tail = "\n".join(text.splitlines()[-lines:])
-    return tail.encode()[-limit:].decode(errors="replace").strip()
+    tail = "".join(text.splitlines(keepends=True)[-lines:])
+    return tail.encode()[-limit:].decode(errors="replace")
 
 
 @dataclass
@@ -244,6 +246,11 @@ class PodRuntime:
     start_error: str | None = None
     terminating_deadline: float | None = None
     node_lost: bool = False
+    removed_kill_at: float | None = None  # gone from the API: when its SIGTERM turns SIGKILL
+    mount_error: str | None = None  # a volume not set up yet: the pod waits in ContainerCreating
+    mount_attempts: int = 0
+    mount_retry_at: float = 0.0
+    mount_error_reported: str | None = None  # the last FailedMount event the agent posted
 
     def all_terminated(self) -> bool:
         return bool(self.containers) and all(
@@ -260,7 +267,7 @@ class PodRuntime:
         return self.restart_policy == "OnFailure" and container.terminated.exit_code != 0
 
     def phase(self) -> str:
-        if not self.containers or self.started_at is None:
+        if not self.containers or self.started_at is None or self.mount_error is not None:
             return "Pending"
         if self.all_terminated():
             ok = all(
@@ -369,6 +376,8 @@ def pod_status(
             "status": status,
             "lastTransitionTime": since or stamp,
         }
+        if value and kind == "Initialized" and phase == "Succeeded":
+            cond["reason"] = "PodCompleted"  # as the kubelet says it, on Succeeded only
         if not value and kind in ("Ready", "ContainersReady"):
             # The kubelet's reasons (pkg/kubelet/status/generate.go), as measured on kind.
             if phase in ("Succeeded", "Failed"):
@@ -380,7 +389,11 @@ def pod_status(
         return cond
 
     conditions = [
-        condition("PodReadyToStartContainers", bool(rt.ip) and phase in ("Pending", "Running")),
+        # No sandbox before the volumes are set up, on kind: False while a mount waits.
+        condition(
+            "PodReadyToStartContainers",
+            bool(rt.ip) and rt.mount_error is None and phase in ("Pending", "Running"),
+        ),
         condition("Initialized", True),
         condition("ContainersReady", ready),
         condition("Ready", ready),

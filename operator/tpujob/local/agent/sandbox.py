@@ -33,6 +33,15 @@ class StartError(RuntimeError):
     """The container cannot start; reported as a kubelet reports StartError."""
 
 
+class MountError(StartError):
+    """A volume cannot be set up yet: the pod waits in ContainerCreating and the node tries
+    again, as the kubelet does (a FailedMount event), rather than failing the pod."""
+
+
+class UnsupportedError(StartError):
+    """What the local node cannot do at all (an unsupported volume type): the pod fails."""
+
+
 class Lookups(Protocol):
     """What a pod's environment and volumes need from the API server."""
 
@@ -161,50 +170,73 @@ def prepare_volumes(
     lookups: Lookups,
     claim_path: ClaimPath | None = None,
 ) -> dict[str, Path]:
-    """Materialise the pod's volumes on the host; returns volume name -> host path."""
-    meta, spec = pod["metadata"], pod["spec"]
+    """Materialise the pod's volumes on the host; returns volume name -> host path.
+
+    A volume that cannot be set up yet (a claim not bound, a ConfigMap not there, a hostPath
+    of the wrong type) raises MountError, which the node retries as the kubelet does; one the
+    local node cannot mount at all raises StartError."""
     paths: dict[str, Path] = {}
-    for vol in spec.get("volumes") or []:
-        name = vol["name"]
-        target = pod_dir / "volumes" / name
-        if "emptyDir" in vol:
-            target.mkdir(parents=True, exist_ok=True)
-        elif "hostPath" in vol:
-            try:
-                target = hostpaths.prepare(
-                    Path(vol["hostPath"]["path"]), vol["hostPath"].get("type")
-                )
-            except hostpaths.HostPathError as err:
-                raise StartError(f"volume {name!r}: {err}") from err
-        elif "persistentVolumeClaim" in vol:
-            if claim_path is None:
-                raise StartError(f"volume {name!r}: this node cannot look up claims")
-            target = claim_path(meta["namespace"], vol["persistentVolumeClaim"]["claimName"])
-        elif "projected" in vol:
-            _write_files(target, _projected_files(pod, vol["projected"], pod_ip, lookups))
-        elif "configMap" in vol:
-            data = lookups.config_map(meta["namespace"], vol["configMap"]["name"])
-            if data is None and not vol["configMap"].get("optional"):
-                raise StartError(f"configMap {vol['configMap']['name']!r} not found")
-            _write_files(target, data or {})
-        elif "secret" in vol:
-            data = lookups.secret(meta["namespace"], vol["secret"]["secretName"])
-            if data is None and not vol["secret"].get("optional"):
-                raise StartError(f"secret {vol['secret']['secretName']!r} not found")
-            _write_files(target, data or {})
-        elif "downwardAPI" in vol:
-            _write_files(
-                target,
-                {
-                    i["path"]: field_value(pod, i["fieldRef"]["fieldPath"], pod_ip)
-                    for i in vol["downwardAPI"].get("items", [])
-                    if "fieldRef" in i
-                },
+    for vol in pod["spec"].get("volumes") or []:
+        try:
+            paths[vol["name"]] = _prepare_volume(
+                pod, vol, pod_dir, pod_ip=pod_ip, lookups=lookups, claim_path=claim_path
             )
-        else:
-            raise StartError(f"volume {name!r}: unsupported volume type")
-        paths[name] = target
+        except UnsupportedError:
+            raise
+        except (StartError, OSError) as err:
+            raise MountError(
+                f'MountVolume.SetUp failed for volume "{vol["name"]}" : {err}'
+            ) from err
     return paths
+
+
+def _prepare_volume(
+    pod: Mapping[str, Any],
+    vol: Mapping[str, Any],
+    pod_dir: Path,
+    *,
+    pod_ip: str,
+    lookups: Lookups,
+    claim_path: ClaimPath | None,
+) -> Path:
+    meta = pod["metadata"]
+    name = str(vol["name"])
+    target = pod_dir / "volumes" / name
+    if "emptyDir" in vol:
+        target.mkdir(parents=True, exist_ok=True)
+    elif "hostPath" in vol:
+        try:
+            target = hostpaths.prepare(Path(vol["hostPath"]["path"]), vol["hostPath"].get("type"))
+        except hostpaths.HostPathError as err:
+            raise StartError(str(err)) from err
+    elif "persistentVolumeClaim" in vol:
+        if claim_path is None:
+            raise UnsupportedError(f"volume {name!r}: this node cannot look up claims")
+        target = claim_path(meta["namespace"], vol["persistentVolumeClaim"]["claimName"])
+    elif "projected" in vol:
+        _write_files(target, _projected_files(pod, vol["projected"], pod_ip, lookups))
+    elif "configMap" in vol:
+        data = lookups.config_map(meta["namespace"], vol["configMap"]["name"])
+        if data is None and not vol["configMap"].get("optional"):
+            raise StartError(f'configmap "{vol["configMap"]["name"]}" not found')
+        _write_files(target, data or {})
+    elif "secret" in vol:
+        data = lookups.secret(meta["namespace"], vol["secret"]["secretName"])
+        if data is None and not vol["secret"].get("optional"):
+            raise StartError(f'secret "{vol["secret"]["secretName"]}" not found')
+        _write_files(target, data or {})
+    elif "downwardAPI" in vol:
+        _write_files(
+            target,
+            {
+                i["path"]: field_value(pod, i["fieldRef"]["fieldPath"], pod_ip)
+                for i in vol["downwardAPI"].get("items", [])
+                if "fieldRef" in i
+            },
+        )
+    else:
+        raise UnsupportedError(f"volume {name!r}: unsupported volume type")
+    return target
 
 
 def refresh_downward_volumes(pod: Mapping[str, Any], pod_dir: Path, *, pod_ip: str) -> int:
