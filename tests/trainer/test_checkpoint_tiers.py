@@ -329,3 +329,16 @@ def test_a_verdict_not_to_commit_is_never_reused(tmp_path: Path) -> None:
     lease.token = "2"
     assert saver.save_local(4, state(4.0))
     assert lease.reads == 2
+
+
+def test_a_local_tier_that_fails_is_logged_and_training_goes_on_with_the_persistent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    saver = tiers(tmp_path)
+    shutil.rmtree(tmp_path / "local")
+    (tmp_path / "local").write_text("not a folder: every write fails")
+    assert saver.save_local(2, state(2.0))  # the write fails on its thread
+    assert not saver.save_local(4, state(4.0))  # and is reported at the next save
+    assert saver.save(5, state(5.0))
+    assert saver.wait() == 5
+    assert "local checkpoint tier" in caplog.text and "training goes on" in caplog.text

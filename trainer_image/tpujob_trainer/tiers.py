@@ -132,14 +132,28 @@ class TieredCheckpoints:
         """Save `step` to both tiers if fencing allows; False when not saved (persistent)."""
         if not self._authorized(step, reuse=False):
             return False
-        self._local.save(step, state)
+        self._save_local(step, state)
         return self._persistent.save(step, state)
 
     def save_local(self, step: int, state: State) -> bool:
         """Save `step` to the local tier only, if fencing allows; whether it was started."""
         if not self._authorized(step, reuse=True):
             return False
-        self._local.save(step, state)
+        return self._save_local(step, state)
+
+    def _save_local(self, step: int, state: State) -> bool:
+        """Start a local save; a local tier that fails (full, gone) is logged, not fatal: the
+        persistent tier still holds the job's progress, so training goes on."""
+        try:
+            self._local.save(step, state)
+        except OSError as error:
+            log.warning(
+                "local checkpoint tier %s failed (%s); training goes on, saved by the persistent "
+                "tier only until it works again (check spec.checkpoint.local.sizeLimit)",
+                self._local.folder,
+                error,
+            )
+            return False
         return True
 
     def _authorized(self, step: int, *, reuse: bool) -> bool:
@@ -164,12 +178,18 @@ class TieredCheckpoints:
         return self._local.committed_step()
 
     def wait(self) -> int | None:
-        self._local.wait()
+        self._wait_local()
         return self._persistent.wait()
 
     def close(self) -> int | None:
-        self._local.close()
+        self._wait_local()
         return self._persistent.close()
+
+    def _wait_local(self) -> None:
+        try:
+            self._local.wait()
+        except OSError as error:
+            log.warning("local checkpoint tier %s failed: %s", self._local.folder, error)
 
     # -- restore ------------------------------------------------------------------------------
 
