@@ -17,7 +17,7 @@ from typing import Any
 from bench_recovery import _exists, until
 from kubernetes import client, config
 
-from scale import identity, measure, nodes, peers
+from scale import identity, measure, nodes, peers, workloads
 from tpujob.local import controlplane
 from tpujob.local.binaries import binary_dir
 
@@ -25,12 +25,21 @@ NAMESPACE = "bench"
 COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
 # Which process is "the controller" of each arm. The Job arm's controller is KCM's Job
 # controller, so its process figures are all of KCM's.
-CONTROLLER = {"tpujob": "tpujob-operator", "jobset": "jobset", "job": "kube-controller-manager"}
-# Whose requests count as the arm's: JobSet's pods are created by the Job controller.
+CONTROLLER = {
+    "tpujob": "tpujob-operator",
+    "jobset": "jobset",
+    "job": "kube-controller-manager",
+    "tpujob-kueue": "tpujob-operator",
+    "jobset-kueue": "jobset",
+}
+# Whose requests count as the arm's: JobSet's pods are created by the Job controller; a queued
+# arm's also Kueue's.
 REQUESTERS = {
     "tpujob": ("tpujob",),
     "jobset": ("jobset", "job-controller"),
     "job": ("job-controller",),
+    "tpujob-kueue": ("tpujob", "kueue"),
+    "jobset-kueue": ("jobset", "job-controller", "kueue"),
 }
 
 
@@ -58,7 +67,7 @@ class ArmCluster:
         self.arm, self.state_dir, self.pools, self.settings = arm, state_dir, pools, settings
         self.kubeconfig = state_dir / "kubeconfig"
         self.kubectl = str(binary_dir() / "kubectl")
-        self.procs: dict[str, peers.Process] = {}
+        self.procs: dict[str, peers.Process | peers.Adopted] = {}
         self.pids: dict[str, int] = {}
         self.api: Any = None
 
@@ -79,6 +88,7 @@ class ArmCluster:
                 {
                     "tpujob": identity.user_subject("tpujob"),
                     "jobset": identity.user_subject("jobset"),
+                    "kueue": identity.user_subject("kueue"),
                     "job-controller": identity.job_controller_subject(),
                 }
             )
@@ -95,13 +105,23 @@ class ArmCluster:
             lambda: _exists(lambda: core.read_namespaced_service_account("default", NAMESPACE)), 60
         )
         server = f"https://127.0.0.1:{state.apiserver_port}"
-        if self.arm == "tpujob":
+        kind = workloads.base(self.arm)
+        if kind == "tpujob":
             self.kubectl_run("apply", "--server-side", "-f", str(peers.ROOT / "crds"))
             self.wait_crd("tputrainingjobs.tpujob.dev")
+        elif kind == "jobset":
+            self.kubectl_run(
+                "apply", "--server-side", "--force-conflicts", "-f", str(peers.jobset_crd())
+            )
+            self.wait_crd("jobsets.jobset.x-k8s.io")
+        if self.arm in workloads.QUEUED:
+            self.start_kueue(kind, server, logs)
+        if kind == "tpujob":
             kc = identity.kubeconfig(self.state_dir, "tpujob", server)
-            self.procs["tpujob-operator"] = peers.operator(kc, logs)
+            queued = self.arm in workloads.QUEUED
+            self.procs["tpujob-operator"] = peers.operator(kc, logs, kueue=queued)
             time.sleep(3)
-        elif self.arm == "jobset":
+        elif kind == "jobset":
             self.kubectl_run(
                 "apply", "--server-side", "--force-conflicts", "-f", str(peers.jobset_crd())
             )
@@ -112,6 +132,41 @@ class ArmCluster:
             self.apply(hooks)
         for name, proc in self.procs.items():
             self.pids[name] = proc.pid
+
+    def start_kueue(self, kind: str, server: str, logs: Path) -> None:
+        """Kueue with a ClusterQueue whose quota is every pool's chips, and its LocalQueue."""
+        from tpujob.local import kueue
+
+        for crd in kueue.crd_files():
+            self.kubectl_run("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        self.wait_crd("workloads.kueue.x-k8s.io")
+        self.wait_crd("clusterqueues.kueue.x-k8s.io")
+        kc = identity.kubeconfig(self.state_dir, "kueue", server)
+        work = self.state_dir / "kueue"
+        work.mkdir(exist_ok=True)
+        jobsets = kind == "jobset"
+        running = kueue.start(
+            work,
+            kc,
+            self.state_dir / "kueue-ca",
+            frameworks=("jobset.x-k8s.io/jobset",) if jobsets else ("batch/job",),
+            webhook_groups=frozenset(
+                {"kueue.x-k8s.io", "jobset.x-k8s.io"} if jobsets else {"kueue.x-k8s.io"}
+            ),
+            qps=peers.KUEUE_QPS,
+        )
+        self.procs["kueue"] = peers.Adopted("kueue", running)
+        self.apply(running.webhooks)
+        hosts, chips = nodes.slice_shape(self.settings.topology)
+        self.apply(
+            peers.kueue_queues(
+                NAMESPACE,
+                workloads.QUEUE,
+                self.settings.accelerator,
+                self.settings.topology,
+                quota=self.pools * hosts * chips,
+            )
+        )
 
     def close(self) -> None:
         for proc in reversed(list(self.procs.values())):
@@ -200,6 +255,9 @@ def cost(arm: str, before: Snapshot, after: Snapshot) -> dict[str, Any]:
         "controller": CONTROLLER[arm],
         "controller_cpu_seconds": controller.get("cpu_seconds"),
         "controller_peak_rss_mib": controller.get("peak_rss_mib"),
+        # A queued arm's Kueue, counted beside its controller (None for the others).
+        "kueue_cpu_seconds": procs.get("kueue", {}).get("cpu_seconds"),
+        "kueue_peak_rss_mib": procs.get("kueue", {}).get("peak_rss_mib"),
         "arm_requests": arm_requests,
         "arm_requesters": list(REQUESTERS[arm]),
     }

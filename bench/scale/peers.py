@@ -32,6 +32,72 @@ JOBSET_VERSION = next(
 )
 OPERATOR_ARGS = ("--metrics-port", "0", "--liveness-port", "0")
 JOBSET_QPS = 500  # v0.10.1's defaults, written out so the result records them
+KUEUE_QPS = 300  # v0.19.2's default client rate, written out likewise
+
+
+class Adopted:
+    """A process started elsewhere (Kueue, by `tpujob.local.kueue`), stopped like ours."""
+
+    def __init__(self, name: str, running: Any) -> None:
+        self.name, self.running = name, running
+        self.log_path = running.log_path
+
+    @property
+    def pid(self) -> int:
+        return int(self.running.pid)
+
+    def alive(self) -> bool:
+        return bool(self.running.alive())
+
+    def stop(self) -> None:
+        self.running.stop()
+
+
+def kueue_queues(
+    namespace: str, queue: str, accelerator: str, topology: str, *, quota: int
+) -> list[dict[str, Any]]:
+    """The GKE recipe's Kueue objects: a flavor per TPU shape, a ClusterQueue with `quota`
+    chips of it, the namespace's LocalQueue."""
+    api = "kueue.x-k8s.io/v1beta2"
+    flavor = f"{accelerator}-{topology}"
+    return [
+        {
+            "apiVersion": api,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {
+                "nodeLabels": {
+                    "cloud.google.com/gke-tpu-accelerator": accelerator,
+                    "cloud.google.com/gke-tpu-topology": topology,
+                }
+            },
+        },
+        {
+            "apiVersion": api,
+            "kind": "ClusterQueue",
+            "metadata": {"name": "bench"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["google.com/tpu"],
+                        "flavors": [
+                            {
+                                "name": flavor,
+                                "resources": [{"name": "google.com/tpu", "nominalQuota": quota}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": api,
+            "kind": "LocalQueue",
+            "metadata": {"name": queue, "namespace": namespace},
+            "spec": {"clusterQueue": "bench"},
+        },
+    ]
 
 
 def peers_dir() -> Path:
@@ -99,7 +165,7 @@ def kwok(bin_dir: Path, kubeconfig: Path, log_dir: Path, lease_seconds: int) -> 
     )
 
 
-def operator(kubeconfig: Path, log_dir: Path) -> Process:
+def operator(kubeconfig: Path, log_dir: Path, *, kueue: bool = False) -> Process:
     return Process(
         "tpujob-operator",
         [
@@ -110,6 +176,7 @@ def operator(kubeconfig: Path, log_dir: Path) -> Process:
             "--kubeconfig",
             str(kubeconfig),
             *OPERATOR_ARGS,
+            *(("--kueue",) if kueue else ()),
         ],
         log_dir,
         env={"PYTHONPATH": str(ROOT / "operator"), "PYTHONUNBUFFERED": "1"},

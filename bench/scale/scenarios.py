@@ -38,11 +38,12 @@ def create_all(cluster: ArmCluster, shape: workloads.Shape, count: int) -> dict[
     def one(i: int) -> None:
         body = workloads.manifest(cluster.arm, shape, i, NAMESPACE)
         created[body["metadata"]["name"]] = time.monotonic()
-        if cluster.arm == "tpujob":
+        kind = workloads.base(cluster.arm)
+        if kind == "tpujob":
             custom.create_namespaced_custom_object(
                 "tpujob.dev", "v1alpha1", NAMESPACE, "tputrainingjobs", body
             )
-        elif cluster.arm == "jobset":
+        elif kind == "jobset":
             custom.create_namespaced_custom_object(
                 "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", body
             )

@@ -20,8 +20,13 @@ from typing import Any
 
 from scale.nodes import pool_name, slice_shape
 
-ARMS = ("tpujob", "jobset", "job")
-PREFIX = {"tpujob": "tj", "jobset": "js", "job": "jb"}
+ARMS = ("tpujob", "jobset", "job", "tpujob-kueue", "jobset-kueue")
+# The arms under Kueue: the same workload, naming a LocalQueue whose ClusterQueue's quota is
+# every pool's chips, with Kueue admitting it (`scale.cluster`).
+QUEUED = {"tpujob-kueue": "tpujob", "jobset-kueue": "jobset"}
+QUEUE = "bench-queue"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PREFIX = {"tpujob": "tj", "jobset": "js", "job": "jb", "tpujob-kueue": "tk", "jobset-kueue": "jk"}
 ACCEL = "cloud.google.com/gke-tpu-accelerator"
 TOPO = "cloud.google.com/gke-tpu-topology"
 POOL = "cloud.google.com/gke-nodepool"
@@ -42,6 +47,11 @@ class Shape:
     def pods(self) -> int:
         hosts: int = slice_shape(self.topology)[0]
         return hosts
+
+
+def base(arm: str) -> str:
+    """The workload kind an arm runs: a queued arm's is its unqueued one's."""
+    return QUEUED.get(arm, arm)
 
 
 def name(arm: str, i: int) -> str:
@@ -84,11 +94,11 @@ def _pod_template(shape: Shape, pool: str | None) -> dict[str, Any]:
     }
 
 
-def tpujob(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
+def tpujob(shape: Shape, i: int, namespace: str, arm: str = "tpujob") -> dict[str, Any]:
     return {
         "apiVersion": "tpujob.dev/v1alpha1",
         "kind": "TPUTrainingJob",
-        "metadata": {"name": name("tpujob", i), "namespace": namespace},
+        "metadata": {"name": name(arm, i), "namespace": namespace},
         "spec": {
             "tpu": {"accelerator": shape.accelerator, "topology": shape.topology, "slices": 1},
             "trainer": {
@@ -108,13 +118,13 @@ def tpujob(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
     }
 
 
-def jobset(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
+def jobset(shape: Shape, i: int, namespace: str, arm: str = "jobset") -> dict[str, Any]:
     hosts = shape.pods
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {
-            "name": name("jobset", i),
+            "name": name(arm, i),
             "namespace": namespace,
             "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": POOL},
         },
@@ -157,5 +167,9 @@ def job(shape: Shape, i: int, namespace: str) -> dict[str, Any]:
 
 
 def manifest(arm: str, shape: Shape, i: int, namespace: str) -> dict[str, Any]:
+    if arm in QUEUED:
+        body = {"tpujob": tpujob, "jobset": jobset}[QUEUED[arm]](shape, i, namespace, arm)
+        body["metadata"]["labels"] = {QUEUE_LABEL: QUEUE}
+        return body
     build = {"tpujob": tpujob, "jobset": jobset, "job": job}[arm]
     return build(shape, i, namespace)

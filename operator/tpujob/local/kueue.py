@@ -80,7 +80,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def configuration(work: Path, ports: tuple[int, int, int], *, pods_ready_seconds: int) -> str:
+def configuration(
+    work: Path,
+    ports: tuple[int, int, int],
+    *,
+    pods_ready_seconds: int,
+    frameworks: tuple[str, ...] = ("batch/job",),
+    qps: int | None = None,
+) -> str:
     """Kueue's configuration: out of cluster, TPUTrainingJob as an external framework."""
     webhook, metrics, health = ports
     config: dict[str, Any] = {
@@ -93,16 +100,24 @@ def configuration(work: Path, ports: tuple[int, int, int], *, pods_ready_seconds
         "metrics": {"bindAddress": f"127.0.0.1:{metrics}"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
         "waitForPodsReady": {"timeout": f"{pods_ready_seconds}s", "blockAdmission": False},
-        # Kueue enables batch/job when given no framework; its webhooks are not registered
-        # here, and it acts only on Jobs that name a queue.
-        "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        # Kueue enables batch/job when given no framework; unless asked for, the frameworks'
+        # webhooks are not registered here, and it acts only on objects that name a queue.
+        "integrations": {
+            "frameworks": list(frameworks),
+            "externalFrameworks": [EXTERNAL_FRAMEWORK],
+        },
         "featureGates": FEATURE_GATES,
     }
+    if qps is not None:
+        config["clientConnection"] = {"qps": qps, "burst": qps}
     return yaml.safe_dump(config)
 
 
-def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
-    """Kueue's webhooks for its own objects, by URL (the module lists them for a Service)."""
+def webhook_configurations(
+    url: str, ca_bundle: bytes, groups: frozenset[str] = frozenset({"kueue.x-k8s.io"})
+) -> list[dict[str, Any]]:
+    """Kueue's webhooks for the objects of `groups` (its own, by default), by URL (the module
+    lists them for a Service)."""
     source = module_dir() / "config" / "components" / "webhook" / "manifests.yaml"
     bundle = base64.b64encode(ca_bundle).decode()
     configurations = []
@@ -111,9 +126,9 @@ def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
             continue
         hooks = []
         for hook in doc.get("webhooks") or []:
-            groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
-            if groups != {"kueue.x-k8s.io"}:
-                continue  # a job framework's: none is enabled
+            hooked = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
+            if not hooked or not hooked <= groups:
+                continue  # a job framework's that is not asked for
             path = hook["clientConfig"]["service"]["path"]
             by_url = {**hook, "clientConfig": {"url": f"{url}{path}", "caBundle": bundle}}
             by_url.pop("namespaceSelector", None)
@@ -154,6 +169,17 @@ class Kueue:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """Kueue's own process: the child of the bubblewrap that holds its mounts (whose CPU
+        and memory are what a measurement wants), or that process while it has none."""
+        root = self.popen.pid
+        try:
+            children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+        except OSError:
+            return root
+        return int(children[0]) if children else root
+
     def stop(self) -> None:
         if not self.alive():
             return
@@ -169,10 +195,20 @@ class Kueue:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def start(work: Path, kubeconfig: Path, ca_dir: Path, *, pods_ready_seconds: int = 300) -> Kueue:
+def start(
+    work: Path,
+    kubeconfig: Path,
+    ca_dir: Path,
+    *,
+    pods_ready_seconds: int = 300,
+    frameworks: tuple[str, ...] = ("batch/job",),
+    webhook_groups: frozenset[str] = frozenset({"kueue.x-k8s.io"}),
+    qps: int | None = None,
+) -> Kueue:
     """Start Kueue against the cluster of `kubeconfig` (its CRDs applied already); returns
     once it answers its readiness probe. `ca_dir` holds the CA its webhook certificate is
-    issued by (the cluster's, or one of the caller's)."""
+    issued by (the cluster's, or one of the caller's); `frameworks` are Kueue's job
+    integrations, and `webhook_groups` the API groups whose webhooks are to be registered."""
     certs = work / "certs"
     certs.mkdir(parents=True, exist_ok=True)
     ca = pki.CertificateAuthority(ca_dir)
@@ -183,7 +219,9 @@ def start(work: Path, kubeconfig: Path, ca_dir: Path, *, pods_ready_seconds: int
     (certs / "tls.key").write_bytes(key.read_bytes())
     ports = (_free_port(), _free_port(), _free_port())
     (work / "config.yaml").write_text(
-        configuration(work, ports, pods_ready_seconds=pods_ready_seconds)
+        configuration(
+            work, ports, pods_ready_seconds=pods_ready_seconds, frameworks=frameworks, qps=qps
+        )
     )
     log_path = work / "kueue.log"
     log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - the child owns it
