@@ -103,9 +103,15 @@ def test_a_volume_that_cannot_mount_yet_waits_and_is_tried_again(
 
         messages = wait_for(failed_mount, timeout=60, what="a FailedMount event")
         assert f"hostPath type check failed: {folder} is not a directory" in messages[0]
-        pod = core.read_namespaced_pod("waiter", namespace)
-        assert pod.status.phase == "Pending"
-        assert pod.status.container_statuses[0].state.waiting.reason == "ContainerCreating"
+
+        def waiting() -> str | None:
+            statuses = core.read_namespaced_pod("waiter", namespace).status.container_statuses
+            state = statuses[0].state if statuses else None
+            return state.waiting.reason if state and state.waiting else None
+
+        # The event may come a moment before the status that says the same.
+        assert wait_for(waiting, timeout=30, what="waiting") == "ContainerCreating"
+        assert phase_of(core, namespace, "waiter") == "Pending"
         folder.mkdir()
         wait_for(lambda: _finished(core, namespace, "waiter"), timeout=60, what="finished")
         assert phase_of(core, namespace, "waiter") == "Succeeded"

@@ -139,7 +139,33 @@ def test_a_pods_host_path_volume_is_checked_as_its_type(tmp_path: Path) -> None:
     }
     with pytest.raises(
         sandbox.MountError,
-        match='MountVolume.SetUp failed for volume "strict" : hostPath type check failed',
+        match=r'MountVolume\.SetUp failed for volume "strict" : hostPath type check failed',
     ):
         sandbox.prepare_volumes(pod, tmp_path / "pod", pod_ip="10.0.0.2", lookups=None)  # type: ignore[arg-type]
     assert (tmp_path / "made").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("mount_path", "refused"),
+    [
+        ("/etc/tpujob-probe-scratch", True),
+        ("/usr/share/tpujob-probe", True),
+        ("/etc", False),  # exists: bound over
+        ("/checkpoints", False),  # a new top-level folder, in the pod's own root
+        ("/tmp/anything/below", False),
+        ("/var/run/tpujob", False),  # /var/run is /run, the pod's own
+        ("/dev/shm", False),
+    ],
+)
+def test_mount_points_the_local_node_cannot_make_are_refused_with_a_reason(
+    tmp_path: Path, mount_path: str, refused: bool
+) -> None:
+    # On kind such a pod runs (the runtime makes the mount point in the image); here the
+    # container used to end with exit 1 and no message.
+    pod = {"spec": {"volumes": [{"name": "v", "emptyDir": {}}]}}
+    container = {"volumeMounts": [{"name": "v", "mountPath": mount_path}]}
+    if not refused:
+        assert sandbox.container_mounts(pod, container, {"v": tmp_path})
+        return
+    with pytest.raises(sandbox.StartError, match=r"cannot make the mount point .*read-only"):
+        sandbox.container_mounts(pod, container, {"v": tmp_path})

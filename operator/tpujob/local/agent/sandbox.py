@@ -373,6 +373,12 @@ def container_mounts(
                 raise StartError(f"volumeMount {vm['name']!r}: subPath must stay in the volume")
             source = source / vm["subPath"]
             source.mkdir(parents=True, exist_ok=True)
+        if folder := host_folder_holding(vm["mountPath"]):
+            raise StartError(
+                f"volumeMount {vm['name']!r}: the local node cannot make the mount point "
+                f"{vm['mountPath']}: {folder} is this machine's folder, read-only in pods "
+                "(mount under /tmp, /run, /var/run, /dev/shm or a new top-level folder)"
+            )
         read_only = bool(vm.get("readOnly")) or vm["name"] in read_only_volumes
         mounts.append(Mount(source, vm["mountPath"], read_only))
     return mounts
@@ -400,6 +406,22 @@ def host_root_entries(root: Path = Path("/")) -> list[RootEntry]:
         elif entry.is_dir():
             entries.append(RootEntry(entry.name))
     return entries
+
+
+def host_folder_holding(target: str) -> str | None:
+    """The host folder a missing mount point `target` would have to be made in, if any.
+
+    A container's root is its image, where the runtime makes any mount point; a pod's root
+    here is a tmpfs holding read-only binds of this machine's top-level folders, so a mount
+    point that does not exist under one of them (/etc/x) cannot be made. Measured on kind:
+    docs/kubelet-fidelity.md."""
+    resolved = Path(resolve_target(target))
+    if len(resolved.parts) < 3 or resolved.parts[1] in PRIVATE_ROOT_ENTRIES:
+        return None  # a new top-level folder, or under the pod's own /tmp, /run, /dev
+    top = Path("/", resolved.parts[1])
+    if resolved.exists() or not top.is_dir():
+        return None
+    return str(top)
 
 
 def resolve_target(target: str) -> str:
