@@ -257,7 +257,8 @@ class TieredCheckpoints:
                     log.warning("local checkpoint step %d does not fit this state", step)
             except (OSError, ValueError, KeyError) as error:
                 log.warning("local checkpoint step %d does not load: %s", step, error)
-        rows = self._gather([int(leaves is not None)])
+        # Two columns, as the first gather's: the all-gather compiled for it is reused.
+        rows = self._gather([int(leaves is not None), 0])
         have = [i for i, row in enumerate(rows) if row[0]]
         if not have:
             return None
