@@ -86,9 +86,13 @@ def workload_for(
     )
     if found is None:
         return None
-    labels_of: dict[str, Mapping[str, str]] = {
-        str(k): next(iter(v), {}) for k, v in flavors.items()
-    }
+
+    def labels_of(flavor: str) -> Mapping[str, str]:
+        found: Mapping[str, str] = next(iter(flavors.get(flavor, ())), {})
+        return found
+
+    # Only the flavors Kueue assigned are looked up: a reconcile pays for those, not for
+    # every flavor of the cluster.
     return parse_workload(found.raw, labels_of)
 
 

@@ -9,7 +9,7 @@ the job's slices must honour.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -136,9 +136,10 @@ def _flavors(admission: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 
 def parse_workload(
-    raw: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]] | None = None
+    raw: Mapping[str, Any], flavor_labels: Callable[[str], Mapping[str, str]] | None = None
 ) -> WorkloadView:
-    """`raw` Workload; `flavor_labels` maps a ResourceFlavor's name to its `spec.nodeLabels`."""
+    """`raw` Workload; `flavor_labels` gives an assigned ResourceFlavor's `spec.nodeLabels`
+    (only the assigned ones are looked up)."""
     meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     status = raw.get("status") or {}
@@ -147,7 +148,8 @@ def parse_workload(
     labels: dict[str, str] = {}
     for names in flavors.values():
         for name in names:
-            for key, value in (flavor_labels or {}).get(name, {}).items():
+            found = flavor_labels(name) if flavor_labels is not None else {}
+            for key, value in found.items():
                 if len(labels) < MAX_LABELS:
                     labels[key] = value
     cluster_queue = admission.get("clusterQueue") if admission is not None else None

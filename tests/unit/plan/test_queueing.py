@@ -85,7 +85,7 @@ def seen(
     queueing_on: bool = True,
 ) -> Observed:
     obs = observed(job, pods, nodes=nodes)
-    view = parse_workload(wl, FLAVORS) if wl is not None else None
+    view = parse_workload(wl, lambda f: FLAVORS.get(f, {})) if wl is not None else None
     return replace(obs, queueing=queueing_on, workload=view)
 
 
