@@ -113,7 +113,15 @@ def register(subparsers: Any) -> None:
         "--poll",
         type=float,
         default=5.0,
-        help="seconds between reconciles of a running job that no event woke",
+        help="seconds between reconciles of a job in motion (starting, recovering, a pod or "
+        "node changing) that no event woke",
+    )
+    p.add_argument(
+        "--steady-poll",
+        type=float,
+        default=60.0,
+        help="at most this many seconds between reconciles of a job that runs steadily; its "
+        "events, its heartbeat and its stall deadline wake it earlier",
     )
     p.add_argument(
         "--ledger-namespace",
@@ -229,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     )
     settings = PlannerSettings(
         poll_seconds=args.poll,
+        steady_poll_seconds=args.steady_poll,
         force_delete_after_seconds=args.force_delete_after,
         restart_grace_seconds=args.restart_grace,
         collective_timeout_seconds=args.collective_timeout,

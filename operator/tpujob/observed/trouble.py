@@ -201,7 +201,7 @@ def find_trouble(
             tuple(sorted({p.node for p, _ in troubled if p.node})),
             reported_only=reported_only,
         )
-    heartbeat = _stalled(
+    clock = stall_clock(
         obs,
         pods,
         now=now,
@@ -209,6 +209,7 @@ def find_trouble(
         timeout=stall_timeout,
         startup_timeout=startup_timeout,
     )
+    heartbeat = _stalled(obs, clock, now)
     if heartbeat is not None:
         return Trouble(dx.JobFacts(heartbeat=heartbeat), now, tuple(p.name for p in pods), ())
     return None
@@ -226,7 +227,7 @@ def _settled_echoes(
     return echoes
 
 
-def _stalled(
+def stall_clock(
     obs: Observed,
     pods: Sequence[PodView],
     *,
@@ -234,8 +235,10 @@ def _stalled(
     launched_at: datetime | None,
     timeout: float,
     startup_timeout: float,
-) -> dx.HeartbeatFacts | None:
-    """A heartbeat older than the stall timeout while every worker runs is a hang.
+) -> tuple[datetime, float] | None:
+    """Since when the heartbeat's clock runs and its limit in seconds, or None when the job is
+    not judged by its heartbeat now. The attempt is found hung once `since` is older than the
+    limit; a renewal moves `since`, and wakes the job.
 
     Only a trainer that announced the heartbeat contract for this attempt is judged by it: one
     that never writes the Lease (the user's own, without the SDK) is not hung for being silent.
@@ -259,10 +262,20 @@ def _stalled(
         # An apiserver outage is no hang: the trainers could not renew, nor could the operator
         # see them renew; they get a whole stall timeout from the API's return.
         since = obs.api_reachable_since
+    return since, limit
+
+
+def _stalled(
+    obs: Observed, clock: tuple[datetime, float] | None, now: datetime
+) -> dx.HeartbeatFacts | None:
+    """A heartbeat older than its limit (`stall_clock`) while every worker runs is a hang."""
+    if clock is None or obs.heartbeat is None:
+        return None
+    since, limit = clock
     seconds = (now - since).total_seconds()
     if seconds <= limit:
         return None
-    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=limit, step=beat.step)
+    return dx.HeartbeatFacts(seconds_since=seconds, stall_timeout=limit, step=obs.heartbeat.step)
 
 
 def user_rules(rules: Sequence[ApiUserRule]) -> tuple[dx.UserRule, ...]:

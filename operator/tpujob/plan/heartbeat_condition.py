@@ -8,6 +8,8 @@ unseen, and why.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from tpujob.api import ConditionStatus, ConditionType
 from tpujob.api.reasons import ConditionReason
 from tpujob.observed.views import Observed, PodView
@@ -58,3 +60,18 @@ def watch_heartbeat(obs: Observed, draft: Draft, pods: tuple[PodView, ...]) -> N
         "trainer is not detected; pod and node failures still are. The tpujob SDK "
         "(tpujob_trainer.sdk) writes it",
     )
+
+
+def seconds_to_announce(obs: Observed, pods: tuple[PodView, ...], *, now: datetime) -> float | None:
+    """How long until `watch_heartbeat` would judge the trainer silent, None when it has
+    spoken, the judgement is off or due already, or its workers do not all run yet."""
+    if obs.job.spec.recovery.stall_timeout_seconds == 0:
+        return None
+    beat = obs.heartbeat
+    if beat is not None and beat.attempt == obs.job.status.attempt and beat.renewed is not None:
+        return None
+    started = [p.running_since for p in pods if p.running_since is not None]
+    if not pods or len(started) < len(pods) or not all(p.running for p in pods):
+        return None
+    left = ANNOUNCE_GRACE_SECONDS - (now - max(started)).total_seconds()
+    return left if left > 0 else None

@@ -21,11 +21,12 @@ from tpujob.observed.trouble import find_trouble
 from tpujob.observed.views import Observed, PodView
 from tpujob.plan import manifests, queueing
 from tpujob.plan.checkpoint_cadence import say_checkpoint_cadence
+from tpujob.plan.deadlines import pace
 from tpujob.plan.failed_nodes import avoided_by
 from tpujob.plan.failure import handle_failure
 from tpujob.plan.goodput import breakdown, ended_attempt, goodput_of
 from tpujob.plan.health_conditions import watch_training_health
-from tpujob.plan.heartbeat_condition import ANNOUNCE_GRACE_SECONDS, watch_heartbeat
+from tpujob.plan.heartbeat_condition import watch_heartbeat
 from tpujob.plan.marks import mark_blamed_nodes
 from tpujob.plan.placement import placement, pools_of
 from tpujob.plan.pod_security import hostpath_allowed
@@ -87,6 +88,9 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         _reconcile_attempt(obs, draft, settings)
     mark_blamed_nodes(obs, draft, settings)
     queueing.sync_workload(obs, draft)
+    if job.status.phase is Phase.RUNNING and draft.status.phase is Phase.RUNNING:
+        # Last: whether the job is in motion depends on every effect planned above.
+        pace(obs, draft, settings)
     parts = breakdown(draft.status, obs.heartbeat, now=now)
     if parts is not None:
         draft.update(goodput_breakdown=parts, goodput=goodput_of(parts))
@@ -507,8 +511,6 @@ def _watch_health(
     watch_heartbeat(obs, draft, pods)
     if not provisioning:  # pods waiting for a pool the autoscaler provides are not stuck
         _say_unschedulable(draft, pods)
-    # A stall shows as nothing happening, so no event wakes the job: it is looked at again.
-    draft.requeue((job.spec.recovery.stall_timeout_seconds or ANNOUNCE_GRACE_SECONDS) / 4)
 
 
 def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> None:

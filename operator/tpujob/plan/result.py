@@ -109,6 +109,9 @@ class PlannerSettings:
     restart_grace_seconds: int = 5
     unknown_retry_limit: int = dx.DEFAULT_UNKNOWN_RETRY_LIMIT
     poll_seconds: float = 5.0
+    # The net under a steadily running job's deadlines (`tpujob.plan.deadlines`): its events
+    # and its heartbeat wake it, and the stall timeout is a deadline of its own.
+    steady_poll_seconds: float = 60.0
     # A failure that only says "a peer went away" waits this long for the peer's own status,
     # so the root cause, not its echo, is diagnosed.
     cascade_settle_seconds: float = 3.0
@@ -195,12 +198,16 @@ class Draft:
     rejoin_pods: list[PodRejoin] = field(default_factory=list)
     mark_nodes: list[NodeMark] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
+    # The poll when nothing asks for an earlier look: the operator's, a longer one for a job
+    # in a state only events change (finished, running steadily), set by the planner.
     requeue_after: float = 5.0
     delete_job: bool = False
     diagnosis: dx.Diagnosis | None = None
     recovery_seconds: float | None = None
     ledger_blame: Blame | None = None
     workload: WorkloadWrite | None = None
+    # The earliest look asked for by a deadline (`requeue`); it wins over any poll.
+    asked: float | None = None
 
     def update(self, **changes: Unpack[StatusEdit]) -> None:
         self.status = self.status.model_copy(update=dict(changes))
@@ -227,7 +234,13 @@ class Draft:
         self.events.append(EventSpec(kind, reason, message[: c.MAX_MESSAGE_LENGTH], self.now))
 
     def requeue(self, seconds: float) -> None:
-        self.requeue_after = min(self.requeue_after, max(0.1, seconds))
+        """Look at the job again within `seconds` (a deadline: a later poll does not undo it)."""
+        seconds = max(0.1, seconds)
+        self.asked = seconds if self.asked is None else min(self.asked, seconds)
+
+    @property
+    def next_look(self) -> float:
+        return self.requeue_after if self.asked is None else min(self.requeue_after, self.asked)
 
     def done(self) -> Plan:
         """The plan; its Events are those journaled by the previous reconcile (told again,
@@ -248,7 +261,7 @@ class Draft:
             rejoin_pods=tuple(self.rejoin_pods),
             mark_nodes=tuple(self.mark_nodes),
             events=(*resend, *self.events),
-            requeue_after=self.requeue_after,
+            requeue_after=self.next_look,
             delete_job=self.delete_job,
             diagnosis=self.diagnosis,
             recovery_seconds=self.recovery_seconds,
