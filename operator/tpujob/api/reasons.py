@@ -93,6 +93,8 @@ class EventReason(enum.StrEnum):
     QUEUED = "Queued"
     ADMITTED = "Admitted"
     EVICTED = "Evicted"
+    QUEUE_LABEL_IGNORED = "QueueLabelIgnored"
+    """The job's queue label changed after its Workload fixed its queue (`plan.queueing`)."""
     MORE_EVENTS = "MoreEvents"
     """One decision told more Events than its journal keeps: how many more, of which reasons."""
 

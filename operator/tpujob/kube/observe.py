@@ -120,7 +120,7 @@ def observe(
             uid=uid,
             name=queueing.workload_name(job),
         )
-        if workloads is not None and queueing.queue_of(job) is not None
+        if workloads is not None
         else None
     )
     return Observed(

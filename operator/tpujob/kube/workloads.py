@@ -61,7 +61,7 @@ def workload_record(raw: Mapping[str, Any]) -> dict[Hashable, WorkloadRecord]:
                 if k in (PRIORITY_BOOST, WORK_SINCE_CHECKPOINT)
             },
         },
-        "spec": {"active": (raw.get("spec") or {}).get("active")},
+        "spec": {k: (raw.get("spec") or {}).get(k) for k in ("active", "queueName")},
         "status": {k: status.get(k) for k in ("conditions", "admission")},
     }
     return {(str(namespace), str(job)): WorkloadRecord(str(meta.get("name")), owners, kept)}

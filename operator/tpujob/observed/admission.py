@@ -75,6 +75,8 @@ class WorkloadView:
     node_labels: Mapping[str, str] = field(default_factory=dict)
     # The priority boost on it (its annotation), None when it has none.
     boost: int | None = None
+    # The LocalQueue it waits or was admitted in (spec.queueName).
+    queue_name: str | None = None
 
     def condition(self, kind: str) -> WorkloadCondition | None:
         return next((c for c in self.conditions if c.type == kind), None)
@@ -164,6 +166,7 @@ def parse_workload(
         flavors=flavors,
         node_labels=labels,
         boost=int(boost) if boost.lstrip("-").isdigit() else None,
+        queue_name=_text(spec.get("queueName")) or None,
     )
 
 

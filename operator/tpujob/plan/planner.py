@@ -352,7 +352,7 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
 
 def _reconcile_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None:
     _run_attempt(obs, draft, settings)
-    if draft.status.phase in TERMINAL or queueing.queue_of(obs.job) is not None:
+    if draft.status.phase in TERMINAL or queueing.queue_for(obs) is not None:
         # A job queued through Kueue holds what Kueue admitted, no more: spares would be
         # chips outside its quota, so it keeps none (docs/kueue.md).
         release_spares(obs, draft)

@@ -78,6 +78,38 @@ def queue_of(job: TPUTrainingJob) -> str | None:
     return str(value) if value else None
 
 
+def queue_for(obs: Observed) -> str | None:
+    """The queue the job is in now, or None: not queued through Kueue.
+
+    A job's Workload fixes its queue once it exists: a queue label changed or removed while the
+    Workload holds quota leaves the job in that queue until it ends or is evicted (stopping a
+    running job, or letting it run outside any quota, would both be worse; Kueue's own
+    integrations refuse the change on a running job). A label removed while the job waits
+    takes it out of the queue (`sync_workload` deactivates the Workload); a label changed while
+    it waits leaves it where it waits (see `label_ignored`).
+    """
+    label = queue_of(obs.job)
+    wl = obs.workload
+    if wl is None or not obs.queueing or wl.queue_name is None:
+        return label
+    if wl.quota_reserved or label is not None:
+        return wl.queue_name
+    return label
+
+
+def label_ignored(obs: Observed) -> str | None:
+    """What the job's queue label asks that its Workload does not follow, or None."""
+    label, queue = queue_of(obs.job), queue_for(obs)
+    if queue is None or label == queue:
+        return None
+    asked = f"the label asks for queue {label}" if label else "the queue label was removed"
+    return (
+        f"{asked}; the job stays in queue {queue}, where its Workload "
+        + ("holds quota, until it ends or is evicted" if label is None else "is")
+        + " (a job's queue is fixed once it is queued: re-create the job to move it)"
+    )
+
+
 def workload_name(job: TPUTrainingJob) -> str:
     """One per incarnation of the job (the uid's hash), so a job re-applied under its old name
     never inherits the old one's admission."""
@@ -146,7 +178,7 @@ def workload_priority(job: TPUTrainingJob) -> WorkloadPriority | None:
 
 def hold(obs: Observed) -> tuple[TimelineKind, str] | None:
     """Why a job that names a queue may not run now, or None when it may (or names none)."""
-    queue = queue_of(obs.job)
+    queue = queue_for(obs)
     if queue is None:
         return None
     wl = obs.workload
@@ -171,9 +203,23 @@ def _eviction(evicted: WorkloadCondition) -> str:
 def track(obs: Observed, draft: Draft) -> None:
     """Keep `status.queue` and the timeline up to date with Kueue's decisions."""
     job, now = obs.job, draft.now
-    queue = queue_of(job)
-    if queue is None or job.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+    queue = queue_for(obs)
+    if job.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
         return
+    if queue is None:
+        if job.status.queue is not None:
+            message = (
+                f"left queue {job.status.queue.name}: its label was removed before admission; "
+                "the job runs without a queue"
+            )
+            draft.update(queue=None)
+            draft.timeline(TimelineKind.QUEUED, message)
+            draft.event(EventType.NORMAL, EventReason.QUEUED, message)
+        return
+    ignored = label_ignored(obs)
+    if ignored is not None and not any(e.message == ignored for e in draft.status.timeline):
+        draft.timeline(TimelineKind.QUEUED, ignored)
+        draft.event(EventType.WARNING, EventReason.QUEUE_LABEL_IGNORED, ignored)
     wl = obs.workload
     before = job.status.queue or QueueStatus(name=queue)
     runs = obs.queueing and wl is not None and wl.admitted and wl.evicted is None
@@ -228,9 +274,16 @@ def _waited(before: QueueStatus, job: TPUTrainingJob, now: datetime) -> float:
 def sync_workload(obs: Observed, draft: Draft) -> None:
     """What the job's Workload must be told, as one write (`Draft.workload`)."""
     job = obs.job
-    if queue_of(job) is None or not obs.queueing:
+    if not obs.queueing:
         return
     wl = obs.workload
+    if queue_for(obs) is None:
+        if wl is not None and wl.active:
+            # Taken out of its queue while waiting: the Workload must never be admitted.
+            draft.workload = WorkloadWrite(
+                name=wl.name, resource_version=wl.resource_version, active=False
+            )
+        return
     terminal = draft.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
     if wl is None:
         if not terminal:

@@ -49,6 +49,7 @@ def workload(
     flavor: str = "tpu-v4",
     active: bool = True,
     extra: tuple[dict[str, Any], ...] = (),
+    queue: str = "team-queue",
 ) -> dict[str, Any]:
     conditions = [*extra]
     status: dict[str, Any] = {"conditions": conditions}
@@ -68,7 +69,7 @@ def workload(
             "uid": "wl-uid",
             "resourceVersion": "7",
         },
-        "spec": {"active": active},
+        "spec": {"active": active, "queueName": queue},
         "status": status,
     }
 
@@ -208,6 +209,61 @@ def test_a_finished_job_tells_kueue_once() -> None:
     ] == ("Finished", "True", "Succeeded")
     told = workload(job, admitted=True, extra=(condition("Finished", True, "Succeeded"),))
     assert plan(seen(job, told), now=at(52)).workload is None
+
+
+def test_a_running_job_whose_queue_label_is_removed_stays_in_its_queue_until_it_ends() -> None:
+    admitted = {"queue": {"name": "team-queue", "admitted": True}}
+    job = job_body(status=running_status(**admitted))
+    wl = workload(job, admitted=True)
+    workers = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
+    result = plan(seen(job, wl, pods=workers), now=at(20))
+    assert result.delete_pods == () and result.status.phase is Phase.RUNNING
+    assert result.status.queue is not None and result.status.queue.name == "team-queue"
+    said = [e.message for e in result.status.timeline if e.kind == TimelineKind.QUEUED]
+    assert said == [
+        "the queue label was removed; the job stays in queue team-queue, where its Workload "
+        "holds quota, until it ends or is evicted (a job's queue is fixed once it is queued: "
+        "re-create the job to move it)"
+    ]
+    assert [e.reason for e in result.events] == ["QueueLabelIgnored"]
+    # Said once.
+    again = job_body(status=result.status.model_dump(by_alias=True, mode="json"))
+    later = plan(seen(again, wl, pods=workers), now=at(21))
+    assert [e.message for e in later.status.timeline if e.kind == TimelineKind.QUEUED] == said
+    assert later.status.pending_events == ()
+    # Its end releases the quota as for any queued job.
+    done = job_body(
+        status={"phase": "Succeeded", "completionTime": iso(at(50)), "startTime": iso(T0)}
+    )
+    finished = plan(seen(done, workload(done, admitted=True)), now=at(51)).workload
+    assert finished is not None
+    assert ("Finished", "True") in [(c["type"], c["status"]) for c in finished.conditions or ()]
+
+
+def test_a_waiting_job_whose_queue_label_is_removed_leaves_the_queue_and_starts() -> None:
+    job = job_body(status={"phase": "Suspended", "queue": {"name": "team-queue"}})
+    result = plan(seen(job, workload(job)), now=at(5))
+    assert result.workload is not None and result.workload.active is False
+    assert result.status.queue is None
+    assert any(o["kind"] == "Pod" for o in result.create)
+    assert result.status.timeline[0].message == (
+        "left queue team-queue: its label was removed before admission; the job runs without "
+        "a queue"
+    )
+
+
+def test_a_waiting_job_whose_queue_label_names_another_queue_waits_where_it_is() -> None:
+    job = queued_job({"phase": "Suspended"})
+    job["metadata"]["labels"][labels.QUEUE_NAME] = "other-queue"
+    result = plan(seen(job, workload(job)), now=at(5))
+    assert result.create == ()
+    assert suspended(result) == (
+        ConditionReason.WAITING_FOR_ADMISSION,
+        "waiting for admission in queue team-queue",
+    )
+    assert result.status.queue is not None and result.status.queue.name == "team-queue"
+    said = [e.message for e in result.status.timeline]
+    assert any(m.startswith("the label asks for queue other-queue; the job stays") for m in said)
 
 
 def test_pods_ready_is_told_when_every_worker_runs() -> None:
