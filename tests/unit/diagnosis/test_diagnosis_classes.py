@@ -38,6 +38,18 @@ CASES = [
         FailureCode.PROCESS_KILLED,
     ),
     (
+        "container-lost-with-its-node-restart-is-hard",
+        WorkerFacts(exit_code=255, reason="Unknown", node=NodeFacts(name="n1", ready="True")),
+        FailureClass.HARD,
+        FailureCode.NODE_LOST,
+    ),
+    (
+        "a-program-exiting-255-is-not-a-lost-node",
+        WorkerFacts(exit_code=255, reason="Error", node=NodeFacts(name="n1", ready="True")),
+        FailureClass.MEDIUM,
+        FailureCode.UNKNOWN,
+    ),
+    (
         "oom-killed-is-medium",
         WorkerFacts(exit_code=137, reason="OOMKilled"),
         FailureClass.MEDIUM,
