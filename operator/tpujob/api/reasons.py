@@ -36,6 +36,8 @@ class ConditionReason(enum.StrEnum):
     PROVISIONING = "Provisioning"
     """Running=False: some slice's pods wait for the autoscaler to provide a pool."""
     UNSCHEDULABLE = "Unschedulable"
+    NOT_STARTED = "NotStarted"
+    """Running=False: a pod on its node has not started its container for a while."""
     CREATED = "Created"
     FAILED_CREATE = "FailedCreate"
     ALL_WORKERS_RUNNING = "AllWorkersRunning"

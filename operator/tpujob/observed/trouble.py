@@ -36,6 +36,24 @@ from tpujob.observed.views import NodeView, Observed, PodView, parse_time
 # or end follows within seconds.
 PEER_LOST_GRACE_SECONDS = 30.0
 ONE_SLICE_PEER_LOST_GRACE_SECONDS = 10.0
+# Waiting states in which the kubelet already failed to start the container, and says why in
+# the message: an image it could not pull or whose name is invalid, a Secret or ConfigMap the
+# container needs that is missing. The kubelet retries them with a back-off, so a pod in one
+# never fails by itself; this long after the pod reached its node it is the attempt's failure,
+# diagnosed from the reason and message. `ImagePullBackOff` is not among them: its message only
+# says it waits (the next try shows `ErrImagePull` with the cause again), and
+# `ContainerCreating` says nothing (a volume that cannot mount shows only in Events): the
+# planner names such a pod in the status (`tpujob.plan.starting`).
+FAILED_START_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+FAILED_START_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,14 @@ class Trouble:
     # Every troubled pod still runs and only its process ended, as reported: the failure may
     # be restarted in the pods it happened in.
     reported_only: bool = False
+
+
+def failed_to_start(pod: PodView, now: datetime) -> bool:
+    """The pod's container was refused a start for long enough (`FAILED_START_REASONS`)."""
+    if pod.running or pod.terminal or pod.waiting_reason not in FAILED_START_REASONS:
+        return False
+    since = pod.scheduled_since or pod.created
+    return since is None or (now - since).total_seconds() >= FAILED_START_GRACE_SECONDS
 
 
 def node_facts(
@@ -106,6 +132,11 @@ def worker_facts(
         )
     if verdict is not None and verdict.trouble is not NodeTrouble.NONE and verdict.reason:
         context.append(verdict.reason)
+    if pod.exit_code is None and pod.waiting_reason in FAILED_START_REASONS:
+        # Read as the kubelet's Events say it: the reason, then why.
+        said = f"{pod.waiting_reason}: {pod.waiting_message}".rstrip(": ")
+        pod = replace(pod, reason=pod.waiting_reason, message=said)
+        context.append("the container never started: the kubelet keeps retrying")
     report = pod.reported
     if report is not None and pod.exit_code is None:
         pod = replace(
@@ -180,7 +211,7 @@ def find_trouble(
         live = bool(pod.node) and not pod.terminal
         lost = live and verdict is not None and verdict.trouble.failure
         chips_failed = live and bool(pod.unhealthy_devices)
-        if pod.failed or deleted or lost or chips_failed:
+        if pod.failed or deleted or lost or chips_failed or failed_to_start(pod, now):
             troubled.append((pod, verdict))
         elif live and pod.reported is not None:
             report = pod.reported

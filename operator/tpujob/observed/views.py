@@ -80,6 +80,11 @@ class PodView:
     reported: contract.FailureReport | None = None
     # One of the idle pods holding a warm spare pool (`labels.SPARE`), not a trainer.
     spare: bool = False
+    # Why its container has not started yet (its waiting state), while it has not.
+    waiting_reason: str | None = None
+    waiting_message: str = ""
+    # lastTransitionTime of PodScheduled=True: since when it has been on its node.
+    scheduled_since: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -92,18 +97,23 @@ class PodView:
 
 # More hosts than any TPU slice has (the largest has 1536).
 MAX_WORKER = 100_000
+# A waiting state's reason is one CamelCase word of the kubelet's; anything longer is not one.
+MAX_REASON = 128
 
 
 def pod_view(raw: Mapping[str, Any]) -> PodView:
     meta, spec, status = raw["metadata"], raw.get("spec") or {}, raw.get("status") or {}
     pod_labels = meta.get("labels") or {}
     terminated: Mapping[str, Any] = {}
+    waiting: Mapping[str, Any] = {}
     running = False
     running_since: datetime | None = None
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if "terminated" in state:
             terminated = state["terminated"]
+        if isinstance(state.get("waiting"), Mapping) and not waiting:
+            waiting = state["waiting"]
         if "running" in state:
             running = True
             since = parse_time(state["running"].get("startedAt"))
@@ -112,10 +122,12 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     disruption = conditions.get("DisruptionTarget")
     scheduled = conditions.get("PodScheduled")
-    unschedulable, unschedulable_since = None, None
+    unschedulable, unschedulable_since, scheduled_since = None, None, None
     if scheduled and scheduled.get("status") == "False":
         unschedulable = scheduled.get("message") or scheduled.get("reason") or "unschedulable"
         unschedulable_since = parse_time(scheduled.get("lastTransitionTime"))
+    elif scheduled and scheduled.get("status") == "True":
+        scheduled_since = parse_time(scheduled.get("lastTransitionTime"))
     return PodView(
         name=meta["name"],
         uid=meta.get("uid", ""),
@@ -145,6 +157,9 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         node_pool=(spec.get("nodeSelector") or {}).get(labels.NODEPOOL),
         unhealthy_devices=unhealthy_devices(status),
         spare=pod_labels.get(labels.SPARE) == "true",
+        waiting_reason=str(waiting.get("reason") or "")[:MAX_REASON] or None,
+        waiting_message=str(waiting.get("message") or "")[: c.MAX_MESSAGE_LENGTH],
+        scheduled_since=scheduled_since,
     )
 
 

@@ -36,6 +36,7 @@ from tpujob.plan.recovery import no_attempt_left
 from tpujob.plan.result import Draft, Plan, PlannerSettings, PodDeletion
 from tpujob.plan.slices import abandon_if_broken, is_kept, kept_pods, rejoin
 from tpujob.plan.spares import keep_spares, release_spares, spare_pools
+from tpujob.plan.starting import say_pods_not_starting
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 FINISHED_POLL_SECONDS = 3600.0
@@ -43,7 +44,6 @@ FINISHED_POLL_SECONDS = 3600.0
 # claim is let go, a node of an unheld pool turns healthy): this poll is only the net under
 # those wakes. At 5 s, a thousand queued jobs cost 200 reconciles a second doing nothing.
 WAIT_FOR_POOL_SECONDS = 30.0
-UNSCHEDULABLE_GRACE_SECONDS = 15.0
 
 
 DEFAULT_SETTINGS = PlannerSettings()
@@ -510,42 +510,7 @@ def _watch_health(
     watch_training_health(obs, draft, pods)
     watch_heartbeat(obs, draft, pods)
     if not provisioning:  # pods waiting for a pool the autoscaler provides are not stuck
-        _say_unschedulable(draft, pods)
-
-
-def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> None:
-    """A pod the scheduler has not placed for a while, as the Running condition.
-
-    During a burst the scheduler often cannot place a pod at its first try (its cache behind
-    the pods just bound), and its message counts nodes of every kind, which changes with each
-    pod bound anywhere: said at once and as it changes, that was a status write per pod event
-    of the whole cluster. A pod is named once it has waited `UNSCHEDULABLE_GRACE_SECONDS`, and
-    the message stays what it first said while the same pod waits.
-    """
-    waiting = [(p, _waited(p, draft.now)) for p in pods if p.unschedulable_message]
-    stuck = [p for p, waited in waiting if waited >= UNSCHEDULABLE_GRACE_SECONDS]
-    if not stuck:
-        if waiting:
-            draft.requeue(UNSCHEDULABLE_GRACE_SECONDS - max(w for _, w in waiting))
-        return
-    said = draft.status.condition(ConditionType.RUNNING)
-    if (
-        said is not None
-        and said.reason == ConditionReason.UNSCHEDULABLE
-        and (said.message or "").startswith(f"pod {stuck[0].name}: ")
-    ):
-        return
-    draft.condition(
-        ConditionType.RUNNING,
-        False,
-        ConditionReason.UNSCHEDULABLE,
-        f"pod {stuck[0].name}: {stuck[0].unschedulable_message}",
-    )
-
-
-def _waited(pod: PodView, now: datetime) -> float:
-    since = pod.unschedulable_since or pod.created
-    return (now - since).total_seconds() if since is not None else UNSCHEDULABLE_GRACE_SECONDS
+        say_pods_not_starting(draft, pods)
 
 
 def _succeeded(draft: Draft) -> None:

@@ -10,8 +10,9 @@ from tests.unit.builders import at, iso, job_body, observed, pod, running_status
 
 from tpujob.api import ConditionType, Phase
 from tpujob.controller.reconcile import status_patch
-from tpujob.plan.planner import UNSCHEDULABLE_GRACE_SECONDS, plan
+from tpujob.plan.planner import plan
 from tpujob.plan.result import Plan
+from tpujob.plan.starting import UNSCHEDULABLE_GRACE_SECONDS
 
 SAID = "0/101 nodes are available: 2 Insufficient google.com/tpu, 99 node(s) didn't match"
 SAID_LATER = "0/101 nodes are available: 2 Insufficient google.com/tpu, 40 node(s) had taints"
