@@ -155,18 +155,28 @@ class PoolClaims:
 
     holders: dict[str, JobKey] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The other way round, so that a reconcile's claim costs the job's pools, not the cluster's.
+    held: dict[JobKey, set[str]] = field(default_factory=dict)
+
+    def assign(self, pool: str, key: JobKey) -> bool:
+        """Give `pool` to `key` unless another job holds it; whether `key` holds it now."""
+        owner = self.holders.setdefault(pool, key)
+        if owner == key:
+            self.held.setdefault(key, set()).add(pool)
+        return owner == key
 
     def claim(self, key: JobKey, status: TPUTrainingJobStatus | None) -> list[str]:
         """Record the pools `key`'s status holds (none once it finished or is gone); returns
         the pools it let go of."""
-        before = {p for p, owner in self.holders.items() if owner == key}
+        before = self.held.pop(key, set())
         for pool in before:
-            del self.holders[pool]
+            if self.holders.get(pool) == key:
+                del self.holders[pool]
         if status is not None and status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
             for slot in status.current_attempt.placement:
-                self.holders.setdefault(slot.node_pool, key)
+                self.assign(slot.node_pool, key)
             for spare in status.spares:  # a warm spare is held as a placed pool is
-                self.holders.setdefault(spare.node_pool, key)
+                self.assign(spare.node_pool, key)
         return sorted(p for p in before if self.holders.get(p) is None)
 
     def holder(self, pool: str) -> JobKey | None:

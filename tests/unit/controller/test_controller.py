@@ -274,7 +274,8 @@ def test_jobs_planned_at_once_never_share_a_pool_and_one_too_many_waits() -> Non
     reader.bodies["a"] = job_body(status={**writer.statuses[0], "currentAttempt": {}})
     reader.bodies["a"]["metadata"].update(name="a", uid="uid-a")
     deps.pools.claim(("team", "a"), None)
-    deps.pools.holders.update({"pool-0": ("team", "c"), "pool-2": ("team", "d")})
+    deps.pools.assign("pool-0", ("team", "c"))
+    deps.pools.assign("pool-2", ("team", "d"))
     before = len(writer.calls)
     assert asyncio.run(reconcile(deps, "team", "a")) is not None
     waiting = writer.statuses[-1]
@@ -295,7 +296,8 @@ def test_a_job_with_no_free_pool_is_told_which_zones_offer_its_shape() -> None:
     )
     reader, writer = FakeReader([], body=launching_job()), RecordingWriter()
     deps = deps_for(reader, writer, catalogue=source)
-    deps.pools.holders.update({f"pool-{i}": ("team", f"other-{i}") for i in range(3)})
+    for i in range(3):
+        deps.pools.assign(f"pool-{i}", ("team", f"other-{i}"))
     run(reader, writer, deps)
     running = next(c for c in writer.statuses[-1]["conditions"] if c["type"] == "Running")
     assert running["reason"] == "WaitingForPool"

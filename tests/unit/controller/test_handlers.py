@@ -44,7 +44,8 @@ def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() ->
     handlers.register(registry)
     daemon = next(h for h in registry._spawning.get_all_handlers() if h.id.endswith("run_job"))
     deps = deps_for(FakeReader([]), RecordingWriter())
-    deps.pools.holders.update({"pool-0": ("team", "deleted"), "pool-1": ("team", "other")})
+    deps.pools.assign("pool-0", ("team", "deleted"))
+    deps.pools.assign("pool-1", ("team", "other"))
     shape = ("tpu-v4-podslice", "2x2x2")
     deps.metrics.record_job("team", "deleted", Phase.RUNNING, 0.9, 1)
     deps.jobs.written[("team", "deleted")] = {"status": {}}
