@@ -209,7 +209,7 @@ def track(obs: Observed, draft: Draft) -> None:
     if queue is None:
         if job.status.queue is not None:
             message = (
-                f"left queue {job.status.queue.name}: its label was removed before admission; "
+                f"left queue {job.status.queue.name}: its queue label was removed while it waited; "
                 "the job runs without a queue"
             )
             draft.update(queue=None)

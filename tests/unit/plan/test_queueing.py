@@ -247,8 +247,8 @@ def test_a_waiting_job_whose_queue_label_is_removed_leaves_the_queue_and_starts(
     assert result.status.queue is None
     assert any(o["kind"] == "Pod" for o in result.create)
     assert result.status.timeline[0].message == (
-        "left queue team-queue: its label was removed before admission; the job runs without "
-        "a queue"
+        "left queue team-queue: its queue label was removed while it waited; the job runs "
+        "without a queue"
     )
 
 
