@@ -14,6 +14,7 @@ this module needs no kopf and is tested with plain dicts.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -106,8 +107,10 @@ class NodeBook:
     planner reads (`NodeView` holds no heartbeat times). Such an event costs one comparison
     here: no new snapshot for the reconciles, no wake of the jobs on that node. The snapshot
     handed to a reconcile is never changed afterwards (planning reads it in a worker thread);
-    a change makes the next `snapshot()` a new one. Fed by the node index and the node event
-    handler, both in the event loop.
+    a change makes the next `snapshot()` a new one. Fed by the node index, which kopf runs in
+    its thread pool (a plain function), and read by the node event handler and the reconciles
+    in the event loop: every method holds the book's lock, so a snapshot taken while a node is
+    noted is never kept in place of the newer one.
 
     With a `clock`, the book times the Ready transitions it witnesses by it. The kubelet
     writes the transition time of the Ready it posts (True, False) by the node's clock, and a
@@ -122,6 +125,7 @@ class NodeBook:
         self._snapshot: Mapping[str, NodeView] | None = None
         self._changed: set[str] = set()
         self._clock = clock
+        self._lock = threading.Lock()
 
     def _witnessed(self, before: NodeView, view: NodeView) -> NodeView:
         if view.ready == before.ready:
@@ -134,36 +138,40 @@ class NodeBook:
 
     def note(self, name: str, view: NodeView | None) -> None:
         """What a watch event showed of node `name` (None: deleted)."""
-        before = self._views.get(name)
-        if view is not None and before is not None and self._clock is not None:
-            view = self._witnessed(before, view)
-        if before == view:
-            return
-        if view is None:
-            del self._views[name]
-        else:
-            self._views[name] = view
-        self._snapshot = None
-        self._changed.add(name)
+        with self._lock:
+            before = self._views.get(name)
+            if view is not None and before is not None and self._clock is not None:
+                view = self._witnessed(before, view)
+            if before == view:
+                return
+            if view is None:
+                del self._views[name]
+            else:
+                self._views[name] = view
+            self._snapshot = None
+            self._changed.add(name)
 
     def take_change(self, name: str) -> bool:
         """Whether `name` changed since the last call for it."""
-        changed = name in self._changed
-        self._changed.discard(name)
-        return changed
+        with self._lock:
+            changed = name in self._changed
+            self._changed.discard(name)
+            return changed
 
     def snapshot(self) -> Mapping[str, NodeView]:
-        if self._snapshot is None:
-            self._snapshot = MappingProxyType(dict(self._views))
-        return self._snapshot
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = MappingProxyType(dict(self._views))
+            return self._snapshot
 
 
 class BeatBook:
     """When this operator first saw each heartbeat Lease's current renewal, by its own clock.
 
     The watch shows a Lease again for reasons that are no renewal (a relist, a patch of its
-    fencing token): a renewal is a new `renewTime`, stamped once. Fed by the Lease index, in
-    the event loop; a job's entry goes with the job (`forget`).
+    fencing token): a renewal is a new `renewTime`, stamped once. Fed by the Lease index (in
+    kopf's thread pool; kopf hands one object's events over one at a time, so a Lease is never
+    witnessed twice at once); a job's entry goes with the job (`forget`).
     """
 
     def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
