@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import T0, at, cluster, job_body, lease, observed, pod, running_status
+from tests.unit.builders import at, cluster, job_body, lease, observed, pod, running_status
 
 from tpujob.api import Phase
 from tpujob.plan.deadlines import PAST_DEADLINE_SECONDS
@@ -115,4 +115,3 @@ def test_a_silent_hang_is_found_at_the_deadline_it_was_looked_at_by() -> None:
     hung = plan(observed(job, workers(job), heartbeat=beat), now=looked, settings=SETTINGS)
     assert hung.diagnosis is not None
     assert hung.diagnosis.code.value == "HANG"
-    assert looked > T0
