@@ -152,9 +152,7 @@ def wait_established(cluster: LocalCluster, names: list[str], timeout: float = 6
 def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
     base = request.node.name.lower().replace("_", "-")
     name = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
-    name = f"{name}-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: _has_default_sa(core, name), timeout=30, what="default ServiceAccount")
+    name = create_namespace(core, f"{name}-{uuid.uuid4().hex[:5]}")
     yield name
     delete_namespace(core, name)
 
@@ -181,6 +179,24 @@ def delete_namespace(core: client.CoreV1Api, name: str, timeout: float = 90) -> 
             break
         time.sleep(0.5)
     core.delete_namespace(name)
+
+
+# The controller-manager's ServiceAccount controller makes a namespace's `default` account, and
+# no pod is admitted before it exists. It is quick on a quiet cluster, but on a machine running
+# two clusters' control planes and a test that just restarted an apiserver it has been seen to
+# take over 30 s: the bound is generous since nothing here is what a test measures.
+SERVICE_ACCOUNT_WAIT = 120
+
+
+def create_namespace(core: client.CoreV1Api, name: str) -> str:
+    """Create a namespace and wait until pods can be created in it (its default account)."""
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(
+        lambda: _has_default_sa(core, name),
+        timeout=SERVICE_ACCOUNT_WAIT,
+        what=f"the default ServiceAccount of namespace {name}",
+    )
+    return name
 
 
 def _has_default_sa(core: client.CoreV1Api, namespace: str) -> bool:

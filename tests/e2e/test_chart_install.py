@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from tests.e2e.conftest import CHART, LocalCluster, delete_namespace, wait_for
+from tests.e2e.conftest import CHART, LocalCluster, create_namespace, delete_namespace, wait_for
 from tests.e2e.test_operator_recovery import FAULTED_STEPS, Run, assert_recovered, training_job
 
 from tpujob.api import GROUP, PLURAL, VERSION, labels
@@ -46,12 +46,7 @@ def _installed(
     # The chart admits hostPath checkpoints only under the prefixes it is given.
     checkpoints = tmp_path_factory.mktemp("helm-checkpoints")
     system, jobs = f"helm-system-{suffix}", f"helm-jobs-{suffix}"
-    core.create_namespace({"metadata": {"name": jobs}})
-    wait_for(
-        lambda: core.list_namespaced_service_account(jobs).items,
-        timeout=30,
-        what="default ServiceAccount",
-    )
+    create_namespace(core, jobs)
     sets = [
         f"watchNamespaces={{{jobs}}}",
         f"hostPathPrefixes={{{checkpoints}}}",

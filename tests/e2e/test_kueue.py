@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.e2e.conftest import LocalCluster, crd_names, delete_namespace, wait_established, wait_for
+from tests.e2e.conftest import (
+    LocalCluster,
+    crd_names,
+    create_namespace,
+    delete_namespace,
+    wait_established,
+    wait_for,
+)
 from tests.e2e.operator_fixture import OPERATOR_ARGS, OperatorProcess
 from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
 
@@ -128,12 +135,7 @@ class Queue:
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         suffix = uuid.uuid4().hex[:5]
         self.namespace, self.cluster_queue = f"{PREFIX}-{suffix}", f"{PREFIX}-cq-{suffix}"
-        self.core.create_namespace({"metadata": {"name": self.namespace}})
-        wait_for(
-            lambda: self.core.list_namespaced_service_account(self.namespace).items,
-            timeout=30,
-            what="the default ServiceAccount",
-        )
+        create_namespace(self.core, self.namespace)
         spec: dict[str, Any] = {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
             "resourceGroups": [

@@ -31,8 +31,8 @@ from kubernetes.client.exceptions import ApiException
 from tests.e2e.conftest import (
     ROOT,
     LocalCluster,
-    _has_default_sa,
     crd_names,
+    create_namespace,
     delete_namespace,
     wait_established,
     wait_for,
@@ -74,10 +74,7 @@ def drill_operator(
 
 
 def _new_namespace(core: client.CoreV1Api, base: str) -> str:
-    name = f"drill-{base}-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: _has_default_sa(core, name), timeout=30, what="default ServiceAccount")
-    return name
+    return create_namespace(core, f"drill-{base}-{uuid.uuid4().hex[:5]}")
 
 
 @pytest.fixture
