@@ -24,6 +24,7 @@ from tpujob.api import (
     ConditionStatus,
     ConditionType,
     GoodputBreakdown,
+    Phase,
     TPUTrainingJob,
     parse_job,
 )
@@ -217,6 +218,17 @@ def queue_line(queue: QueueStatus, now: datetime) -> str:
     return line
 
 
+def _elastic(job: TPUTrainingJob) -> str:
+    """The TPU line's tail for an elastic job: its floor, and the slices it runs on now."""
+    if job.spec.elastic is None:
+        return ""
+    tail = f", elastic down to {job.spec.elastic.min_slices}"
+    running = job.status.current_attempt.slices
+    if running is not None and job.status.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+        tail += f"; [yellow]on {running} of {job.spec.tpu.slices} slices now[/yellow]"
+    return tail
+
+
 def describe_lines(
     job: TPUTrainingJob, now: datetime, catalogue: Catalogue | None = None
 ) -> list[str]:
@@ -226,7 +238,7 @@ def describe_lines(
         f"[bold]{job.namespace}/{job.name}[/bold]  phase [bold]{st.phase or 'Pending'}"
         f"[/bold]  attempt {st.attempt}  age {_age(st.start_time, now)}",
         f"  TPU        {spec.tpu.accelerator} {spec.tpu.topology} x{spec.tpu.slices} "
-        f"({spec.tpu.total_hosts} hosts)",
+        f"({spec.tpu.total_hosts} hosts)" + _elastic(job),
     ]
     if st.progress and st.progress.step is not None:
         total = st.progress.total_steps
@@ -253,6 +265,8 @@ def describe_lines(
                 if seconds > 0
             )
         )
+        if parts.degraded > 0:
+            lines.append(f"  degraded   {parts.degraded:.0f}s on fewer slices than asked for")
     r = st.restarts
     rec = spec.recovery
     lines.append(

@@ -24,7 +24,13 @@ from tpujob.api.job import (
     parse_status,
 )
 from tpujob.api.recovery import Backoff, RecoverySpec, UserRule
-from tpujob.api.spec import CheckpointSpec, CheckpointVolume, TPUSpec, TPUTrainingJobSpec
+from tpujob.api.spec import (
+    CheckpointSpec,
+    CheckpointVolume,
+    ElasticSpec,
+    TPUSpec,
+    TPUTrainingJobSpec,
+)
 from tpujob.api.status import (
     Condition,
     FailedNode,
@@ -52,6 +58,7 @@ __all__ = [
     "Condition",
     "ConditionStatus",
     "ConditionType",
+    "ElasticSpec",
     "EnvVar",
     "FailedNode",
     "FailureClass",

@@ -87,6 +87,23 @@ class AttemptStatus(StatusModel):
         description="Slices whose pods stay and rejoin this attempt in place (a slice "
         "restart); the others' pods are new.",
     )
+    slices: int | None = Field(
+        default=None,
+        ge=1,
+        le=c.MAX_SLICES,
+        description="The slices this attempt runs on when fewer than spec.tpu.slices (an "
+        "elastic job that found no pool for the others); unset when it runs on every slice.",
+    )
+    resizable: bool = Field(
+        default=False,
+        description="The attempt may launch on fewer slices than the job asks for (at least "
+        "spec.elastic.minSlices) when pools are missing: it follows a failure or a resize of an "
+        "elastic job, and keeps no pod in place.",
+    )
+
+    def slice_count(self, planned: int) -> int:
+        """The slices the attempt runs on, of a job that asks for `planned`."""
+        return self.slices if self.slices is not None else planned
 
 
 class AttemptRecord(StatusModel):
@@ -107,6 +124,12 @@ class AttemptRecord(StatusModel):
     )
     checkpoint_step: int | None = Field(
         default=None, ge=0, description="Newest committed checkpoint when it ended."
+    )
+    slices: int | None = Field(
+        default=None,
+        ge=1,
+        le=c.MAX_SLICES,
+        description="The slices it ran on, when fewer than the job asked for.",
     )
 
 

@@ -315,6 +315,24 @@ class CheckpointSpec(SpecModel):
         return self.volume.mount_path
 
 
+class ElasticSpec(SpecModel):
+    """Running on fewer slices than asked rather than waiting for a pool."""
+
+    min_slices: int = Field(
+        ge=1,
+        le=c.MAX_SLICES,
+        description=(
+            "The fewest slices the job may train on. When a hard failure leaves no usable pool "
+            "for a slice, the next attempt runs on the slices that have one, if they are at "
+            "least this many, instead of waiting; when a pool frees, the job restarts on every "
+            "slice (both times from the newest checkpoint, every pod new). The trainer keeps "
+            "the global batch: it is told the slices asked for in TPUJOB_PLANNED_SLICES and "
+            "those of the attempt in MEGASCALE_NUM_SLICES. Only after a failure: a new job "
+            "starts on every slice. At most spec.tpu.slices."
+        ),
+    )
+
+
 class TPUTrainingJobSpec(SpecModel):
     """The desired state of a TPU training run."""
 
@@ -327,6 +345,12 @@ class TPUTrainingJobSpec(SpecModel):
                 "m.mountPath != self.checkpoint.volume.mountPath)",
                 "the checkpoint volume is mounted there (spec.checkpoint.volume.mountPath)",
                 field_path=".trainer.volumeMounts",
+            ),
+            cel(
+                "!has(self.elastic) || self.elastic.minSlices <= "
+                "(has(self.tpu.slices) ? self.tpu.slices : 1)",
+                "elastic.minSlices may be at most spec.tpu.slices",
+                field_path=".elastic.minSlices",
             ),
         )
     )
@@ -344,6 +368,13 @@ class TPUTrainingJobSpec(SpecModel):
         default_factory=RecoverySpec,
         description="Failure recovery policy and budgets.",
         json_schema_extra={"default": {}},
+    )
+    elastic: ElasticSpec | None = Field(
+        default=None,
+        description=(
+            "Let a multislice job train on fewer slices while a pool is missing after a hard "
+            "failure; without it the job waits for a pool for every slice."
+        ),
     )
     suspend: bool = Field(
         default=False,
@@ -376,6 +407,15 @@ class TPUTrainingJobSpec(SpecModel):
             raise ValueError(
                 f"spec.trainer.volumeMounts: {volume.mount_path} is where the checkpoint volume "
                 "is mounted (spec.checkpoint.volume.mountPath)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _min_slices_within_slices(self) -> TPUTrainingJobSpec:
+        if self.elastic is not None and self.elastic.min_slices > self.tpu.slices:
+            raise ValueError(
+                f"elastic.minSlices {self.elastic.min_slices} is more than the job's "
+                f"{self.tpu.slices} slices"
             )
         return self
 

@@ -234,6 +234,12 @@ class GoodputBreakdown(StatusModel):
         ge=0,
         description="Waiting for a Kueue admission, at the start or after a preemption.",
     )
+    degraded: float = Field(
+        default=0,
+        ge=0,
+        description="Not a part of the sum: of the attempts' time, how much ran on fewer slices "
+        "than the job asks for (an elastic job short of pools).",
+    )
 
 
 class TPUTrainingJobStatus(StatusModel):

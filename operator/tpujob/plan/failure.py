@@ -17,6 +17,7 @@ from tpujob.gcp.catalogue import pool_advice
 from tpujob.observed.nodes import NodeHealthSettings, judge
 from tpujob.observed.trouble import Trouble, user_rules
 from tpujob.observed.views import Observed
+from tpujob.plan.elastic import elastic
 from tpujob.plan.failed_nodes import avoided_by, avoided_nodes, mark_reason, record_blames
 from tpujob.plan.goodput import ended_attempt
 from tpujob.plan.job_memory import past_failure
@@ -270,11 +271,18 @@ def _restart(
     tpu = job.spec.tpu
     attempt = status.attempt + 1
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds else None
+    slices = status.current_attempt.slice_count(tpu.slices)
     unplaced = set(range(tpu.slices)) - set(pools)
+    if unplaced and elastic(job):
+        # It may launch on fewer slices (`tpujob.plan.elastic`): no pod keeps the old count.
+        kept = frozenset()
+    if kept:
+        # Pods kept in place run with the attempt's slice count, so the next attempt keeps it.
+        pools = {s: p for s, p in pools.items() if s < slices}
     advice = pool_advice(obs.catalogue, tpu.accelerator, tpu.topology) if unplaced else None
     if advice:
         d = replace(d, advice=f"{d.advice} {advice}".strip())
-    action = _describe(decision, pools, attempt, kept, obs.job.spec.tpu.slices)
+    action = _describe(decision, pools, attempt, kept, slices)
     rollback = _rollback(d, trouble, status)
     if rollback is not None:
         action += "; " + rollback.describe(job.spec.recovery.max_nan_rollbacks)
@@ -297,6 +305,8 @@ def _restart(
             recovering_since=trouble.seen_at,
             rollback_step=rollback.resume_step if rollback else None,
             kept_slices=kept_slices(job, kept),
+            slices=status.current_attempt.slices if kept else None,
+            resizable=elastic(job) and not kept,
         ),
     )
     for node in decision.mark_nodes:

@@ -56,6 +56,7 @@ def ended_attempt(
         steps_per_second=own.steps_per_second if own else None,
         input_bound_fraction=_input_bound(beat, status.attempt),
         checkpoint_step=status.checkpoint_step,
+        slices=current.slices,
     )
     kept = [r for r in status.attempt_history if r.attempt != status.attempt]
     return (*kept, record)[-ATTEMPT_HISTORY_LIMIT:]
@@ -124,7 +125,18 @@ def breakdown(
         downtime=seconds[GoodputCategory.DOWNTIME],
         other=seconds[GoodputCategory.OTHER],
         queued=round(queued, 3),
+        degraded=round(_degraded_seconds(status, end), 3),
     )
+
+
+def _degraded_seconds(status: TPUTrainingJobStatus, end: datetime) -> float:
+    """Seconds the job's attempts ran on fewer slices than it asks for, to `end`."""
+    ended = sum(r.ended - r.launched for r in status.attempt_history if r.slices is not None)
+    current = status.current_attempt
+    if current.slices is None or current.launched_time is None:
+        return ended
+    recorded = any(r.attempt == status.attempt for r in status.attempt_history)
+    return ended + (0.0 if recorded else max(0.0, (end - current.launched_time).total_seconds()))
 
 
 def _queued_seconds(status: TPUTrainingJobStatus, end: datetime) -> float:

@@ -49,7 +49,10 @@ def watch_training_health(obs: Observed, draft: Draft, pods: tuple[PodView, ...]
     if beat is None or beat.attempt != job.status.attempt or start is None:
         return
     hosts = job.spec.tpu.hosts_per_slice
-    report = parse_health(beat.annotations, workers=job.spec.tpu.total_hosts)
+    report = parse_health(
+        beat.annotations,
+        workers=job.status.current_attempt.slice_count(job.spec.tpu.slices) * hosts,
+    )
     now = (draft.now - start).total_seconds()
     seen = (beat.renewed - start).total_seconds() if beat.renewed is not None else now
     current = draft.status.current_attempt

@@ -45,6 +45,12 @@ class AttemptSettings:
     skip_batches: str | None = None  # data windows every attempt after a rollback skips
     # Slices kept in place by a slice restart -> the attempt their pods' names carry.
     kept: Mapping[int, int] = field(default_factory=dict)
+    # The slices the attempt runs on when fewer than the job's (an elastic job degraded).
+    slices: int | None = None
+
+    def slice_count(self, job: TPUTrainingJob) -> int:
+        """The slices the attempt runs on."""
+        return self.slices if self.slices is not None else job.spec.tpu.slices
 
     def pods_attempt(self, slice_index: int) -> int:
         """The attempt in the names of `slice_index`'s pods."""
@@ -118,6 +124,7 @@ def trainer_env(
     """The env GKE and the operator give a worker: TPU, multislice, JAX and tpujob variables."""
     tpu = job.spec.tpu
     hosts = tpu.hosts_per_slice
+    slices = settings.slice_count(job)
     attempt = settings.attempt
     own = settings.pods_attempt(slice_index)
     hostnames = ",".join(host_fqdn(job, own, slice_index, w) for w in range(hosts))
@@ -129,12 +136,12 @@ def trainer_env(
         "TPU_TOPOLOGY": tpu.topology,
         "TPU_ACCELERATOR_TYPE": tpu.shape.tpu_type,
         "TPU_SKIP_MDS_QUERY": "true",
-        "MEGASCALE_NUM_SLICES": str(tpu.slices),
+        "MEGASCALE_NUM_SLICES": str(slices),
         "MEGASCALE_SLICE_ID": str(slice_index),
         "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator}:{labels.MEGASCALE_PORT}",
         "MEGASCALE_PORT": str(labels.MEGASCALE_PORT),
         "JAX_COORDINATOR_ADDRESS": f"{coordinator}:{labels.JAX_COORDINATOR_PORT}",
-        "JAX_NUM_PROCESSES": str(tpu.total_hosts),
+        "JAX_NUM_PROCESSES": str(slices * hosts),
         "JAX_PROCESS_ID": str(slice_index * hosts + worker),
         contract.ENV_JOB_NAME: job.name,
         contract.ENV_NAMESPACE: job.namespace,
@@ -149,6 +156,8 @@ def trainer_env(
     # Every trainer runs under the supervisor: a multislice job keeps its healthy slices when
     # another is replaced, and any job restarts its trainers in their pods after a hang.
     values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"
+    if job.spec.elastic is not None:
+        values[contract.ENV_PLANNED_SLICES] = str(tpu.slices)
     if settings.rollback_step is not None:
         values[contract.ENV_RESUME_STEP] = str(settings.rollback_step)
     if settings.skip_batches:
@@ -346,7 +355,7 @@ def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[st
     tpu = job.spec.tpu
     return [
         trainer_pod(job, settings, s, w)
-        for s in range(tpu.slices)
+        for s in range(settings.slice_count(job))
         if s not in settings.kept
         for w in range(tpu.hosts_per_slice)
     ]

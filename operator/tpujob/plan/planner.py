@@ -22,6 +22,7 @@ from tpujob.observed.views import Observed, PodView
 from tpujob.plan import manifests, queueing
 from tpujob.plan.checkpoint_cadence import say_checkpoint_cadence
 from tpujob.plan.deadlines import pace
+from tpujob.plan.elastic import attempt_slices, fit_slices, grow_back, say_degraded
 from tpujob.plan.failed_nodes import avoided_by
 from tpujob.plan.failure import handle_failure
 from tpujob.plan.goodput import breakdown, ended_attempt, goodput_of
@@ -291,6 +292,7 @@ def attempt_settings(
         rollback_step=current.rollback_step,
         skip_batches=job.status.skip_batches,
         kept={k.slice: k.pods_attempt for k in current.kept_slices},
+        slices=current.slices,
     )
 
 
@@ -316,8 +318,9 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
     avoided = avoided_by(
         obs, now=draft.now, return_after=planner.node_health.lost_node_return_seconds
     )
-    pools = choose_pools(obs, pools_of(current), avoided, draft=draft, spares=spare_pools(obs))
-    if len(pools) < job.spec.tpu.slices and not say_no_free_pool(obs, draft, pools):
+    found = choose_pools(obs, pools_of(current), avoided, draft=draft, spares=spare_pools(obs))
+    pools, current = fit_slices(job, current, found)
+    if len(pools) < attempt_slices(job, current) and not say_no_free_pool(obs, draft, pools):
         # Launching part of a gang would hold chips it cannot use; wait for a free pool.
         draft.update(current_attempt=current.model_copy(update={"placement": placement(pools)}))
         draft.requeue(WAIT_FOR_POOL_SECONDS)
@@ -344,9 +347,14 @@ def _launch(obs: Observed, draft: Draft, blocking: list[PodView], planner: Plann
             f"slice {s} on {p}" + (" (kept)" if s in settings.kept else "")
             for s, p in sorted(pools.items())
         ]
-        + [f"slice {s} on a pool to be provisioned" for s in unplaced(obs, pools)]
+        + [
+            f"slice {s} on a pool to be provisioned"
+            for s in unplaced(obs, pools, settings.slice_count(job))
+        ]
     )
     draft.timeline(TimelineKind.PODS_CREATED, f"attempt {job.status.attempt}: {where}")
+    if current.slices is not None:
+        say_degraded(obs, draft, current.slices)
     draft.requeue(1.0)
 
 
@@ -376,7 +384,8 @@ def _run_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None
     learn_pools(obs, draft)
     pods = obs.attempt_pods(job.status.attempt)
     tpu = job.spec.tpu
-    expected = tpu.slices * tpu.hosts_per_slice
+    slices = attempt_slices(job, current)
+    expected = slices * tpu.hosts_per_slice
     known = pools_of(draft.status.current_attempt)
     wiring = attempt_settings(obs, current, known, settings, now=draft.now)
     present = {p.name for p in pods} | {
@@ -386,7 +395,7 @@ def _run_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None
     }
     missing = [
         (s, w)
-        for s in range(tpu.slices)
+        for s in range(slices)
         for w in range(tpu.hosts_per_slice)
         if manifests.pod_name(job.name, wiring.pods_attempt(s), s, w) not in present
     ]
@@ -429,8 +438,10 @@ def _run_attempt(obs: Observed, draft: Draft, settings: PlannerSettings) -> None
             *(manifests.trainer_pod(job, wiring, s, w) for s, w in missing),
         ]
     _watch_health(
-        obs, draft, pods, expected_count=expected, provisioning=bool(unplaced(obs, known))
+        obs, draft, pods, expected_count=expected, provisioning=bool(unplaced(obs, known, slices))
     )
+    if not missing and not draft.rejoin_pods:
+        grow_back(obs, draft, settings)
 
 
 def own_step(obs: Observed) -> int | None:
@@ -500,11 +511,13 @@ def _watch_health(
     all_running = len(pods) == expected_count and all(p.running for p in pods)
     if all_running and draft.status.phase is not Phase.RUNNING:
         draft.update(phase=Phase.RUNNING)
+        on = attempt_slices(job, current)
         draft.condition(
             ConditionType.RUNNING,
             True,
             ConditionReason.ALL_WORKERS_RUNNING,
-            f"{expected_count} workers running",
+            f"{expected_count} workers running"
+            + (f" on {on} of {job.spec.tpu.slices} slices" if on < job.spec.tpu.slices else ""),
         )
         draft.condition(ConditionType.RECOVERING, False, ConditionReason.RUNNING)
     watch_training_health(obs, draft, pods)

@@ -26,6 +26,7 @@ def choose_pools(
     draft: Draft,
     avoid: frozenset[str] = frozenset(),
     spares: frozenset[str] = frozenset(),
+    tell: bool = True,
 ) -> dict[int, str]:
     """Pools for every slice (`keep` stays); a caveat, such as a pool taken although host
     maintenance is due there within the expected run, goes to the timeline and an Event.
@@ -35,7 +36,8 @@ def choose_pools(
     one would each hold part of it and both wait forever. A slice with no free pool is left
     out of the result; the attempt then waits instead of launching. `avoid` (a pool a moved
     slice leaves) is only placed last; `spares` (the job's warm spare pools) first. Only
-    nodes the pod template's node selectors match count.
+    nodes the pod template's node selectors match count. `tell=False` only looks: a caveat
+    is told when the pools are taken, not each time a job checks whether it could take them.
     """
     tpu, progress = obs.job.spec.tpu, obs.job.status.progress
     # A recorded pool another job took meanwhile (during a backoff, or two claims crossing
@@ -68,7 +70,7 @@ def choose_pools(
             steps_per_second=progress.steps_per_second if progress else None,
         ),
     )
-    if note := result.describe():
+    if tell and (note := result.describe()):
         draft.timeline(TimelineKind.PLACEMENT, note)
         draft.event(EventType.NORMAL, EventReason.PLACEMENT, note)
     return result.pools

@@ -26,9 +26,10 @@ def autoscaled(obs: Observed) -> bool:
     return obs.job.spec.tpu.provisioning is Provisioning.AUTOSCALE
 
 
-def unplaced(obs: Observed, pools: Mapping[int, str]) -> list[int]:
-    """The slices without a pool."""
-    return [s for s in range(obs.job.spec.tpu.slices) if s not in pools]
+def unplaced(obs: Observed, pools: Mapping[int, str], slices: int | None = None) -> list[int]:
+    """The slices without a pool, of the job's or of the attempt's `slices`."""
+    count = obs.job.spec.tpu.slices if slices is None else slices
+    return [s for s in range(count) if s not in pools]
 
 
 def say_no_free_pool(obs: Observed, draft: Draft, pools: Mapping[int, str]) -> bool:

@@ -113,10 +113,11 @@ def invalid_spec(
 
 
 def waits_for_pool(status: TPUTrainingJobStatus) -> bool:
-    """The job runs nowhere yet because some slice has no free pool of its shape."""
+    """The job runs nowhere yet because some slice has no free pool of its shape, or runs
+    on fewer slices than it asks for (an elastic job, `tpujob.plan.elastic`) until one frees."""
+    if status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return False
+    if status.current_attempt.slices is not None:
+        return True
     running = status.condition(ConditionType.RUNNING)
-    return (
-        running is not None
-        and running.reason == ConditionReason.WAITING_FOR_POOL
-        and status.phase not in (Phase.SUCCEEDED, Phase.FAILED)
-    )
+    return running is not None and running.reason == ConditionReason.WAITING_FOR_POOL

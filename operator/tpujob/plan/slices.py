@@ -76,17 +76,19 @@ def slices_to_keep(
     if decision.collective_timeout_seconds != timeout or current.rollback_step is not None:
         return frozenset()
     pods = obs.attempt_pods(job.status.attempt)
-    every = frozenset(range(tpu.slices))
+    # An elastic job's attempt may run on fewer slices than the job asks for.
+    slices = current.slice_count(tpu.slices)
+    every = frozenset(range(slices))
     if restarts_in_place(trouble, broken, decision):
         # Every process restarts in its pod (a hung step never reaches the save a graceful
         # stop asks for, and a process that ended has nothing left to save, so nothing is
         # lost by not asking); but an attempt that was itself such a restart and fails so
         # again is replaced whole.
-        if len(current.kept_slices) == tpu.slices:
+        if len(current.kept_slices) == slices:
             return frozenset()
         kept = _whole_slices(pods, every, tpu.hosts_per_slice, bad_nodes)
         return kept if kept == every else frozenset()
-    if decision.graceful or decision.failure_class not in KEEPABLE or tpu.slices < 2:
+    if decision.graceful or decision.failure_class not in KEEPABLE or slices < 2:
         return frozenset()
     failing = failing_slices(obs, trouble, broken, decision)
     kept = _whole_slices(pods, every - failing, tpu.hosts_per_slice, bad_nodes)

@@ -128,3 +128,18 @@ def test_describe_shows_a_queued_jobs_admission_and_preemptions(
 ) -> None:
     body = job_body(status={**running_status(), "queue": queue})
     assert expected in "\n".join(describe_lines(parse_job(body), at(30)))
+
+
+def test_describe_says_an_elastic_job_runs_on_fewer_slices_and_for_how_long() -> None:
+    from tests.unit.builders import cluster
+
+    status = running_status(pools=("pool-0",))
+    status["currentAttempt"].update({"slices": 1, "resizable": True})
+    body = job_body(slices=2, status=status, elastic={"minSlices": 1})
+    # Only the pool it runs on exists: it cannot grow back.
+    pods = [pod(body, 1, 0, w) for w in range(2)]
+    result = plan(observed(body, pods, nodes=cluster(1)), now=at(90))
+    written = result.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    text = "\n".join(describe_lines(parse_job({**body, "status": written}), at(90)))
+    assert "x2 (4 hosts), elastic down to 1; [yellow]on 1 of 2 slices now[/yellow]" in text
+    assert "degraded   90s on fewer slices than asked for" in text
