@@ -63,6 +63,12 @@ ENV_HEALTH_EVERY = "TPUJOB_HEALTH_EVERY_STEPS"
 # steps between two saves to it (the persistent folder keeps ENV_CHECKPOINT_INTERVAL).
 ENV_LOCAL_CHECKPOINT_DIR = "TPUJOB_LOCAL_CHECKPOINT_DIR"
 ENV_LOCAL_CHECKPOINT_INTERVAL = "TPUJOB_LOCAL_CHECKPOINT_INTERVAL_STEPS"
+# The slices the job asked for (spec.tpu.slices). An attempt of an elastic job
+# (spec.elastic.minSlices) may run on fewer, MEGASCALE_NUM_SLICES of them, after a hard failure
+# left no pool for the others: a trainer then keeps the job's global batch (the reference trainer
+# splits it over fewer processes; one short of device memory accumulates gradients over
+# ENV_PLANNED_SLICES / MEGASCALE_NUM_SLICES micro-batches). Absent on a job that is not elastic.
+ENV_PLANNED_SLICES = "TPUJOB_PLANNED_SLICES"
 
 # The file a trainer pod's rejoin order is projected to (downward API; see the module's note).
 ENV_REJOIN_FILE = "TPUJOB_REJOIN_FILE"
