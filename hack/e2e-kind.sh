@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # End to end on kind, for machines with Docker (`make e2e-kind`): create the cluster of
-# kind-config.yaml, build and load the images, install the chart, run a CPU-backed job, stop
-# the Docker container of a node running one of its trainer pods, and wait for the operator to
-# diagnose the hard failure, move the slice to the other node pool, and finish the job.
-# It ends with the job's `tpujob describe` (progress, restarts, timeline), as `make demo` does.
+# kind-config.yaml, build and load the images, install the chart, then run two CPU-backed jobs
+# through real faults on real kubelets:
+# - a multislice job (hack/kind-multislice-job.yaml) whose trainer in one pod of slice 1 is
+#   SIGKILLed: a slice restart, slice 1's pods replaced and slice 0 rejoining in place;
+# - a one-slice job (hack/kind-job.yaml) whose trainer in one pod is SIGKILLed (a soft restart)
+#   and then the Docker container of a node running one of its pods is stopped (a hard failure:
+#   the node marked bad, the slice moved to the other node pool).
+# Each must end Succeeded. It prints each job's `tpujob describe` (progress, restarts,
+# timeline), as `make demo` does.
 # Docker (and debootstrap) come from the distribution's packages when missing and the daemon is
 # started when it is not running (hack/ensure-docker.sh); kind, its node image
 # (hack/kind-node-image.sh), kubectl and helm are built from the Go modules pinned under tools/,
@@ -24,6 +29,7 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)
 operator_image=ghcr.io/tpujob/tpujob-operator:$version
 trainer_image=ghcr.io/tpujob/tpujob-trainer-cpu:$version
 job=kind-e2e
+multislice=kind-multislice
 chips_per_host=4
 export KUBECONFIG
 KUBECONFIG=$(mktemp)
@@ -39,6 +45,7 @@ finish() {
   if [[ $status -ne 0 ]]; then
     step "failed; cluster state"
     kubectl get tpujobs,pods,nodes -A -o wide || true
+    for name in "$multislice" "$job"; do describe "$name" || true; done
     kubectl -n tpujob-system logs deployment/tpujob-operator --tail=100 || true
   fi
   if [[ ${KEEP:-0} == 1 ]]; then
@@ -68,6 +75,37 @@ wait_until() {
   return 1
 }
 
+# The job's field at a JSONPath, for wait_until.
+field() { kubectl get "tpujob/$1" -o jsonpath="{$2}"; }
+
+describe() {
+  step "tpujob describe $1"
+  PYTHONPATH=operator .venv/bin/python -m tpujob.cli describe "$1" -n default
+}
+
+# SIGKILLs the main process of a pod's trainer container from its node, as a crash would:
+# the container's PID 1 cannot be killed from inside its own PID namespace.
+kill_trainer() {
+  local pod=$1 node cid pid
+  node=$(kubectl get pod "$pod" -o jsonpath='{.spec.nodeName}')
+  cid=$(docker exec "$node" crictl ps -q --state running \
+    --label "io.kubernetes.pod.name=$pod" --label io.kubernetes.pod.namespace=default |
+    head -n1)
+  [[ -n $cid ]] || { echo "pod $pod has no running container on $node" >&2; return 1; }
+  pid=$(docker exec "$node" crictl inspect -o go-template --template '{{.info.pid}}' "$cid")
+  echo "killing the trainer of $pod on $node (pid $pid)"
+  docker exec "$node" kill -KILL "$pid"
+}
+
+# How many times a job's timeline says training resumed after a restart.
+resumed() { field "$1" '.status.timeline[?(@.kind=="Resumed")].kind' | wc -w; }
+
+# Waits until a job runs and has reported training at least this step.
+wait_training() {
+  wait_until = Running 600 "phase of $1" field "$1" .status.phase
+  wait_until -ge "$2" 600 "training step of $1" field "$1" .status.progress.step
+}
+
 step "create kind cluster $cluster"
 kind create cluster --name "$cluster" --config kind-config.yaml --kubeconfig "$KUBECONFIG" \
   --image "$node_image" --wait 300s
@@ -88,26 +126,35 @@ kubectl apply --server-side -f charts/tpujob-operator/crds/
 helm install tpujob-operator charts/tpujob-operator --namespace tpujob-system --create-namespace \
   --set image.tag="$version" --set image.pullPolicy=Never --wait --timeout 5m
 
-step "run job $job and wait until it trains"
-kubectl apply -f hack/kind-job.yaml
-wait_until = Running 600 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
-wait_until -ge 10 300 "training step" \
-  kubectl get "tpujob/$job" -o jsonpath='{.status.progress.step}'
+step "run the multislice job $multislice; kill a trainer of slice 1"
+kubectl apply -f hack/kind-multislice-job.yaml
+wait_training "$multislice" 10
+kill_trainer "$multislice-1-1-0"
+wait_until -ge 1 600 "soft restarts of $multislice" field "$multislice" .status.restarts.soft
+# Slice 0's pods stay and rejoin; slice 1's are replaced.
+wait_until = 0 120 "slices of $multislice kept in place" \
+  field "$multislice" '.status.currentAttempt.keptSlices[*].slice'
+wait_until = Succeeded 1200 "phase of $multislice" field "$multislice" .status.phase
+describe "$multislice"
 
-step "stop the node container of one trainer pod (not the operator's node)"
+step "run job $job; kill one of its trainers"
+kubectl apply -f hack/kind-job.yaml
+wait_training "$job" 10
+kill_trainer "$job-1-0-1"
+wait_until -ge 1 600 "soft restarts of $job" field "$job" .status.restarts.soft
+wait_until -ge 1 600 "training resumed by $job" resumed "$job"
+
+step "stop the node container of one trainer pod of $job (not the operator's node)"
 operator_node=$(kubectl -n tpujob-system get pods -l app.kubernetes.io/name=tpujob-operator \
   -o jsonpath='{.items[0].spec.nodeName}')
-victim=$(kubectl get pods -l "tpujob.dev/job=$job" -o jsonpath='{.items[*].spec.nodeName}' |
-  tr ' ' '\n' | grep -vx "$operator_node" | head -n1 || true)
+victim=$(kubectl get pods -l "tpujob.dev/job=$job" --field-selector=status.phase=Running \
+  -o jsonpath='{.items[*].spec.nodeName}' | tr ' ' '\n' | grep -vx "$operator_node" | head -n1 || true)
 [[ -n $victim ]] || { echo "found no trainer pod of $job to fail" >&2; exit 1; }
 echo "stopping $victim"
 docker stop "$victim"
 
 step "wait for the hard-failure recovery and the end of training"
-wait_until -ge 1 600 "hard restarts" \
-  kubectl get "tpujob/$job" -o jsonpath='{.status.restarts.hard}'
-wait_until = Running 600 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
-wait_until = Succeeded 1200 "phase" kubectl get "tpujob/$job" -o jsonpath='{.status.phase}'
-step "tpujob describe $job"
-PYTHONPATH=operator .venv/bin/python -m tpujob.cli describe "$job" -n default
-echo "e2e-kind passed: $job recovered from losing $victim and succeeded"
+wait_until -ge 1 600 "hard restarts of $job" field "$job" .status.restarts.hard
+wait_until = Succeeded 1200 "phase of $job" field "$job" .status.phase
+describe "$job"
+echo "e2e-kind passed: $multislice through a slice restart; $job through a killed trainer and the loss of $victim"

@@ -738,6 +738,29 @@ def test_kind_node_pools_each_hold_one_slice_of_the_kind_job() -> None:
     assert f"chips_per_host={job.tpu.chips_per_host}\n" in script
 
 
+def test_kind_multislice_job_takes_one_node_pool_per_slice_with_pod_names_the_script_kills() -> (
+    None
+):
+    config = yaml.safe_load((REPO_ROOT / "kind-config.yaml").read_text())
+    manifest = yaml.safe_load((REPO_ROOT / "hack" / "kind-multislice-job.yaml").read_text())
+    job = TPUTrainingJobSpec.model_validate(manifest["spec"])
+    single = TPUTrainingJobSpec.model_validate(
+        yaml.safe_load((REPO_ROOT / "hack" / "kind-job.yaml").read_text())["spec"]
+    )
+    pools = {
+        n["labels"]["cloud.google.com/gke-nodepool"]
+        for n in config["nodes"]
+        if n["role"] == "worker"
+    }
+    # Every pool is one slice of the one-slice job's shape; the multislice job fills them all.
+    assert (job.tpu.accelerator, job.tpu.topology) == (single.tpu.accelerator, single.tpu.topology)
+    assert job.tpu.slices == len(pools) > 1
+    script = (REPO_ROOT / "hack" / "e2e-kind.sh").read_text()
+    assert f"multislice={manifest['metadata']['name']}\n" in script
+    # The pod the script kills is of the last slice, so slice 0 is the one kept in place.
+    assert f'kill_trainer "$multislice-1-{job.tpu.slices - 1}-0"' in script
+
+
 HOOK = "tpujob-tpujob-operator-release-jobs"
 
 
