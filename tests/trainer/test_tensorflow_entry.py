@@ -2,7 +2,7 @@
 
 CONFIG_ERROR without TensorFlow (imports of it blocked in that one process), training and
 resume, a transient read error on restore retried, the SIGTERM save and PREEMPTED, the
-non-finite loss stop, the device preflight.
+non-finite loss stop, the device preflight, an elastic attempt on fewer slices.
 """
 
 from __future__ import annotations
@@ -114,3 +114,23 @@ def test_expecting_tpus_on_a_cpu_machine_is_the_fallback_failure(trainer: Launch
     assert message is not None and message["code"] == "DEVICE_FALLBACK_TO_CPU"
     assert "TensorFlow fell back to cpu" in message["summary"]
     assert "devices: backend=cpu" in run.log and run.last_step() == 0
+
+
+def test_an_attempt_on_fewer_slices_trains_every_worker_on_the_whole_batch_without_a_row_cap(
+    trainer: Launcher,
+) -> None:
+    # A cap the JAX loop would refuse (8 rows do not split into 3 equal micro-batches).
+    run = trainer(
+        *TF,
+        "--steps",
+        "2",
+        "--max-rows-per-process",
+        "3",
+        env={"MEGASCALE_NUM_SLICES": "1", "TPUJOB_PLANNED_SLICES": "2"},
+    )
+    assert run.wait(TIMEOUT) == 0, run.log[-2000:]
+    assert (
+        "training on 1 of 2 slices: the global batch of 8 is kept, every worker trains on all "
+        "of it as at full strength" in run.log
+    )
+    assert run.last_step() == 2

@@ -21,7 +21,7 @@ from tpujob_trainer.checkpointing import CORRUPT_FOLDER, ROLLED_BACK_FOLDER, Che
 from tpujob_trainer.contract import LEASE_FENCE_ANNOTATION
 from tpujob_trainer.fencing import FencedError, SaveGate
 from tpujob_trainer.local_tier import LocalTier, rebuild
-from tpujob_trainer.tiers import TieredCheckpoints, choose_local
+from tpujob_trainer.tiers import TieredCheckpoints, choose_local, holds
 
 pytestmark = pytest.mark.trainer
 
@@ -136,6 +136,66 @@ def test_the_newest_step_of_any_tier_is_chosen_and_local_wins_a_tie(
     local_steps: list[int], persistent: int | None, expected: int | None
 ) -> None:
     assert choose_local(local_steps, persistent) == expected
+
+
+@pytest.mark.parametrize(
+    ("rows", "process", "expected"),
+    [
+        ([[12, 2], [12, 2]], 1, True),
+        ([[12, 3], [12, 2]], 1, False),
+        ([[12, 3], [12, 2]], 0, True),
+        ([[12, 3], [6, 4]], 1, False),
+        ([[12, 3], [6, 4]], 0, True),
+        ([[12, -1], [12, -1]], 1, True),
+    ],
+    ids=[
+        "same-attempt-everywhere",
+        "an-older-attempt-s-copy-is-not-read",
+        "the-newest-attempt-s-copy-is",
+        "an-older-step-is-not-held",
+        "a-newer-attempt-s-older-step-does-not-count",
+        "no-attempt-recorded-anywhere",
+    ],
+)
+def test_a_process_reads_the_chosen_local_step_only_from_the_newest_attempt_s_copy(
+    rows: list[list[int]], process: int, expected: bool
+) -> None:
+    assert holds(rows, 12, process) is expected
+
+
+@pytest.mark.parametrize(
+    ("peer_attempt", "source", "value"),
+    [(1, Source.LOCAL, 12.0), (2, Source.PEER, 99.0)],
+    ids=["same-attempt-reads-its-own", "newer-attempt-s-copy-comes-from-the-peer"],
+)
+def test_processes_that_trained_apart_restore_one_copy_of_a_step_they_both_hold(
+    tmp_path: Path, peer_attempt: int, source: Source, value: float
+) -> None:
+    """Process 1 of 2 holds step 12 saved by attempt 1; process 0 holds step 12 too, saved by
+    `peer_attempt` (an attempt that ran without process 1 trained to it again)."""
+    import jax
+
+    store = Checkpoints(str(tmp_path / "persistent"), keep=2)
+    assert store.save(10, state(10.0))
+    store.wait()
+    tier = LocalTier(str(tmp_path / "local"), keep=2, attempt=1, job_uid="uid")
+    tier.save(12, state(12.0))
+    tier.wait()
+    peer_rows = iter([[12, peer_attempt, 10], [1, 0, 0]])
+
+    def gather(row: Any) -> list[list[int]]:
+        return [next(peer_rows), list(row)]
+
+    def broadcast(tree: Any, is_source: bool) -> Any:
+        assert not is_source
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(state(99.0))]
+
+    restored = TieredCheckpoints(
+        store, tier, gate=None, gather=gather, broadcast=broadcast, process_index=1
+    ).restore(state(0.0))
+    assert restored is not None
+    assert (restored.step, restored.source) == (12, source)
+    assert values(restored.state) == values(state(value))
 
 
 @pytest.mark.parametrize(

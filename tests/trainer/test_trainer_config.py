@@ -156,3 +156,100 @@ def test_the_jobs_framework_picks_the_loop_unless_the_flag_says_otherwise(
     argv: list[str], env: dict[str, str], expected: Framework
 ) -> None:
     assert load_config(argv, env).framework is expected
+
+
+@pytest.mark.parametrize(
+    ("env", "planned", "active"),
+    [
+        pytest.param({}, 1, 1, id="one-slice-job"),
+        pytest.param({"MEGASCALE_NUM_SLICES": "2"}, 2, 2, id="not-elastic-plans-what-it-runs"),
+        pytest.param(
+            {"MEGASCALE_NUM_SLICES": "2", "TPUJOB_PLANNED_SLICES": ""}, 2, 2, id="empty-is-absent"
+        ),
+        pytest.param(
+            {"MEGASCALE_NUM_SLICES": "2", "TPUJOB_PLANNED_SLICES": "2"}, 2, 2, id="full-strength"
+        ),
+        pytest.param(
+            {"MEGASCALE_NUM_SLICES": "1", "TPUJOB_PLANNED_SLICES": "4"}, 4, 1, id="degraded"
+        ),
+        pytest.param({"TPUJOB_PLANNED_SLICES": "2"}, 2, 1, id="slices-default-to-one"),
+    ],
+)
+def test_the_planned_and_active_slices_come_from_the_elastic_variables(
+    env: dict[str, str], planned: int, active: int
+) -> None:
+    config = load_config([], env)
+    assert (config.planned_slices, config.active_slices) == (planned, active)
+    assert config.degraded is (active < planned)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        ([], {"MEGASCALE_NUM_SLICES": "2", "TPUJOB_PLANNED_SLICES": "1"}, "TPUJOB_PLANNED_SLICES"),
+        ([], {"TPUJOB_PLANNED_SLICES": "two"}, "TPUJOB_PLANNED_SLICES"),
+        ([], {"TPUJOB_PLANNED_SLICES": "0"}, "TPUJOB_PLANNED_SLICES"),
+        ([], {"MEGASCALE_NUM_SLICES": "0"}, "MEGASCALE_NUM_SLICES"),
+        (["--batch-size", "8", "--max-rows-per-process", "3"], {}, "equal micro-batches"),
+        (["--max-rows-per-process", "0"], {}, "--max-rows-per-process"),
+    ],
+    ids=[
+        "planned-fewer-than-the-attempt-s",
+        "planned-not-an-integer",
+        "planned-zero",
+        "no-slices",
+        "rows-do-not-split-evenly",
+        "cap-below-one",
+    ],
+)
+def test_invalid_elastic_settings_are_a_config_error_naming_what_is_wrong(
+    argv: list[str], env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(TrainerError) as caught:
+        load_config(argv, env)
+    assert caught.value.exit_code is ExitCode.CONFIG_ERROR
+    assert named in str(caught.value)
+
+
+TWO_HOSTS = {"JAX_COORDINATOR_ADDRESS": "c:1", "TPU_WORKER_HOSTNAMES": "h0,h1"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "rows", "micro_batches"),
+    [
+        pytest.param(["--batch-size", "32"], {}, 32, 1, id="no-cap"),
+        pytest.param(["--batch-size", "32", "--max-rows-per-process", "32"], {}, 32, 1, id="fits"),
+        pytest.param(
+            ["--batch-size", "32", "--max-rows-per-process", "8"], {}, 32, 4, id="four-of-eight"
+        ),
+        pytest.param(
+            ["--batch-size", "24", "--max-rows-per-process", "7"], {}, 24, 4, id="rounded-up"
+        ),
+        pytest.param(
+            ["--batch-size", "32", "--max-rows-per-process", "8"],
+            {**TWO_HOSTS, "MEGASCALE_NUM_SLICES": "2"},
+            8,
+            1,
+            id="full-strength-fits",
+        ),
+        pytest.param(
+            ["--batch-size", "32", "--max-rows-per-process", "8"],
+            {**TWO_HOSTS, "MEGASCALE_NUM_SLICES": "1", "TPUJOB_PLANNED_SLICES": "2"},
+            16,
+            2,
+            id="degraded-accumulates",
+        ),
+        pytest.param(
+            ["--batch-size", "8", "--max-rows-per-process", "3", "--framework", "tensorflow"],
+            {},
+            8,
+            1,
+            id="tensorflow-ignores-the-cap",
+        ),
+    ],
+)
+def test_a_process_s_rows_split_into_the_fewest_equal_micro_batches_under_the_cap(
+    argv: list[str], env: dict[str, str], rows: int, micro_batches: int
+) -> None:
+    config = load_config(argv, env)
+    assert (config.rows_per_process, config.micro_batches) == (rows, micro_batches)

@@ -3,6 +3,11 @@
 Pure: `load_config(argv, env)` reads nothing but its arguments, so every rule (which variable
 wins, how GKE's TPU variables become a JAX process id) is tested without starting processes.
 Invalid input raises `TrainerError(CONFIG_ERROR)`.
+
+An elastic job's attempt may run on fewer slices than the job asked for (`active_slices` of
+`planned_slices`, see `contract.ENV_PLANNED_SLICES`): the global batch stays the job's, so
+each of the fewer processes takes more rows, in micro-batches when `--max-rows-per-process`
+caps what one process holds (`micro_batches`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tpujob_trainer.contract import (
     ENV_LOCAL_CHECKPOINT_DIR,
     ENV_LOCAL_CHECKPOINT_INTERVAL,
     ENV_NAMESPACE,
+    ENV_PLANNED_SLICES,
     ENV_RESUME_STEP,
     ENV_SKIP_BATCHES,
     ENV_SUPERVISED,
@@ -44,6 +50,8 @@ DEFAULT_COORDINATOR_PORT = 8476
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 20
 # Health numbers are gathered across workers every this many steps (one tiny all-gather).
 DEFAULT_HEALTH_EVERY_STEPS = 20
+# GKE's multislice variable: the slices of this attempt (fewer than planned on a degraded one).
+ENV_NUM_SLICES = "MEGASCALE_NUM_SLICES"
 
 
 class Framework(enum.StrEnum):
@@ -93,6 +101,11 @@ class TrainerConfig:
     # The fast local checkpoint tier (`tiers`): its folder and save interval; None: no tier.
     local_checkpoint_dir: str | None = None
     local_checkpoint_interval: int = 0
+    # The slices the job asked for and those this attempt runs on (fewer: degraded).
+    planned_slices: int = 1
+    active_slices: int = 1
+    # How many rows of a step one process may hold at once (None: all of its share).
+    max_rows_per_process: int | None = None
 
     @property
     def process_id(self) -> int:
@@ -103,6 +116,27 @@ class TrainerConfig:
     def num_processes(self) -> int:
         """How many processes train together."""
         return self.distributed.num_processes if self.distributed else 1
+
+    @property
+    def rows_per_process(self) -> int:
+        """This process's share of the global batch (the split `load_config` checked)."""
+        return self.batch_size // self.num_processes
+
+    @property
+    def micro_batches(self) -> int:
+        """How many equal micro-batches a step's rows are split into (1: no accumulation)."""
+        cap = self.max_rows_per_process
+        return 1 if cap is None else -(-self.rows_per_process // cap)
+
+    @property
+    def degraded(self) -> bool:
+        """Whether this attempt runs on fewer slices than the job asked for."""
+        return self.active_slices < self.planned_slices
+
+    @property
+    def planned_processes(self) -> int:
+        """The processes of a full-strength attempt (the same hosts per slice)."""
+        return self.num_processes * self.planned_slices // self.active_slices
 
 
 def _int(value: str, name: str) -> int:
@@ -136,7 +170,7 @@ def resolve_distributed(env: Mapping[str, str]) -> Distributed | None:
     if not hostnames:
         return None
     worker = _int(env.get("TPU_WORKER_ID", "0"), "TPU_WORKER_ID")
-    slices = _int(env.get("MEGASCALE_NUM_SLICES", "1"), "MEGASCALE_NUM_SLICES")
+    slices = _int(env.get(ENV_NUM_SLICES, "1"), ENV_NUM_SLICES)
     slice_id = _int(env.get("MEGASCALE_SLICE_ID", "0"), "MEGASCALE_SLICE_ID")
     num = len(hostnames) * slices
     if num == 1:
@@ -196,6 +230,15 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env.get(ENV_FRAMEWORK) or Framework.JAX.value,
     )
     parser.add_argument(
+        "--max-rows-per-process",
+        type=int,
+        default=None,
+        metavar="N",
+        help="accumulate gradients when a process's rows of a step exceed N: the step runs "
+        "ceil(rows / N) equal micro-batches and one optimizer update (JAX only; the "
+        "TensorFlow loop ignores it)",
+    )
+    parser.add_argument(
         NO_REJOIN_FLAG,
         action="store_true",
         help="never restart in place: a failure of another slice replaces this pod too",
@@ -233,6 +276,10 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
             ExitCode.CONFIG_ERROR,
             f"--batch-size {args.batch_size} does not divide among {num} processes",
         )
+    planned, active = _slices(env)
+    # The TensorFlow loop trains each worker's whole batch at once: the cap is the JAX loop's.
+    max_rows = args.max_rows_per_process if args.framework == Framework.JAX else None
+    _check_micro_batches(args.batch_size // num, max_rows)
     timeout = _int(
         env.get(ENV_COLLECTIVE_TIMEOUT) or str(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS),
         ENV_COLLECTIVE_TIMEOUT,
@@ -269,7 +316,40 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> TrainerConfig:
         rejoins=env.get(ENV_SUPERVISED) == "1",
         local_checkpoint_dir=env.get(ENV_LOCAL_CHECKPOINT_DIR) or None,
         local_checkpoint_interval=_local_interval(env),
+        planned_slices=planned,
+        active_slices=active,
+        max_rows_per_process=max_rows,
     )
+
+
+def _slices(env: Mapping[str, str]) -> tuple[int, int]:
+    """The slices the job asked for and those of this attempt (planned >= active >= 1)."""
+    active = _int(env.get(ENV_NUM_SLICES) or "1", ENV_NUM_SLICES)
+    if active < 1:
+        raise TrainerError(ExitCode.CONFIG_ERROR, f"{ENV_NUM_SLICES}={active} must be >= 1")
+    planned = _int(env.get(ENV_PLANNED_SLICES) or str(active), ENV_PLANNED_SLICES)
+    if planned < active:
+        raise TrainerError(
+            ExitCode.CONFIG_ERROR,
+            f"{ENV_PLANNED_SLICES}={planned} is fewer than this attempt's {active} slices "
+            f"({ENV_NUM_SLICES})",
+        )
+    return planned, active
+
+
+def _check_micro_batches(rows: int, cap: int | None) -> None:
+    """A process's `rows` must split into equal micro-batches of at most `cap` rows."""
+    if cap is None:
+        return
+    if cap < 1:
+        raise TrainerError(ExitCode.CONFIG_ERROR, "--max-rows-per-process must be >= 1")
+    count = -(-rows // cap)
+    if rows % count:
+        raise TrainerError(
+            ExitCode.CONFIG_ERROR,
+            f"--max-rows-per-process {cap}: this process's {rows} rows do not split into "
+            f"{count} equal micro-batches; pick a cap that makes them split evenly",
+        )
 
 
 def _local_interval(env: Mapping[str, str]) -> int:

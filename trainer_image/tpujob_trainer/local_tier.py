@@ -166,6 +166,14 @@ class LocalTier:
         """The newest step whose write finished (None before any)."""
         return self._committed
 
+    def saved_by(self, step: int) -> int:
+        """The attempt that saved `step` (-1 when its metadata does not say)."""
+        try:
+            meta = json.loads((self._root / str(step) / META_FILE).read_text())
+            return int(meta["attempt"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+
     def save(self, step: int, state: State) -> None:
         """Copy this process's shards to host memory, then write them in the background.
 

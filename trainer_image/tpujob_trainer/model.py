@@ -9,6 +9,10 @@ ln(10) to near zero within a few hundred steps.
 Params and optimizer state are plain pytrees of arrays (linen keeps parameters outside the
 module), so orbax saves them as such and the step stays a pure function. Nothing here does I/O;
 the step function is built once per mesh by `make_train_step`.
+
+A process short of device memory splits its rows of a step into equal micro-batches and
+accumulates their gradients (`optax.MultiSteps`) into one optimizer update: the step still
+trains on the whole global batch, and the state it saves is the same whatever the split.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ def loss_fn(params: Any, tokens: jax.Array, targets: jax.Array, mask: jax.Array)
     return jnp.mean(losses * mask)
 
 
-def _sharding(mesh: Mesh, *axes: str) -> NamedSharding:
+def _sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
     # PartitionSpec's constructor is untyped in jax's stubs; keep the one ignore here.
     spec: PartitionSpec = PartitionSpec(*axes)  # type: ignore[no-untyped-call]
     return NamedSharding(mesh, spec)
@@ -134,12 +138,15 @@ def make_mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), (DATA_AXIS,))
 
 
-def make_train_step(mesh: Mesh) -> StepFn:
+def make_train_step(mesh: Mesh, micro_batches: int = 1) -> StepFn:
     """The jitted step: batch sharded over the mesh, state replicated.
 
     Besides the new state and the loss it returns the maximum of a per-device stop flag, so
     a SIGTERM seen by any one process reaches every process in the same step and they all stop
     (and save) at the same step without an extra collective.
+
+    With `micro_batches` > 1 the batch arrays carry a leading micro-batch axis (see
+    `shard_global`); the step runs them one after the other and applies one update.
     """
     replicated = _sharding(mesh)
     sharded = _sharding(mesh, DATA_AXIS)
@@ -153,20 +160,56 @@ def make_train_step(mesh: Mesh) -> StepFn:
         params = optax.apply_updates(state["params"], updates)
         return {"params": params, "opt_state": opt_state}, loss, jnp.max(stop)
 
+    accumulate = optax.MultiSteps(tx, every_k_schedule=micro_batches)
+
+    def accumulated_step(
+        state: State, tokens: jax.Array, targets: jax.Array, mask: jax.Array, stop: jax.Array
+    ) -> tuple[State, jax.Array, jax.Array]:
+        # MultiSteps' state lives for one step only, around the inner optimizer's: checkpoints
+        # keep the plain optimizer state, so an attempt with another split restores them.
+        start = accumulate.init(state["params"])._replace(inner_opt_state=state["opt_state"])
+
+        def micro(carry: tuple[Any, Any], batch: tuple[jax.Array, ...]) -> tuple[Any, jax.Array]:
+            params, accumulated = carry
+            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+            # Zero updates until the last micro-batch, which applies the mean gradient.
+            updates, accumulated = accumulate.update(grads, accumulated, params)
+            return (optax.apply_updates(params, updates), accumulated), loss
+
+        (params, accumulated), losses = jax.lax.scan(
+            micro, (state["params"], start), (tokens, targets, mask)
+        )
+        # Equal micro-batches: the mean of their mean losses is the global batch's.
+        new_state = {"params": params, "opt_state": accumulated.inner_opt_state}
+        return new_state, jnp.mean(losses), jnp.max(stop)
+
+    batch = sharded if micro_batches == 1 else _sharding(mesh, None, DATA_AXIS)
     jitted = jax.jit(
-        step,
-        in_shardings=(replicated, sharded, sharded, sharded, sharded),
+        step if micro_batches == 1 else accumulated_step,
+        in_shardings=(replicated, batch, batch, batch, sharded),
         out_shardings=(replicated, replicated, replicated),
         donate_argnums=(0,),
     )
     return jitted
 
 
-def shard_global(mesh: Mesh, local: np.ndarray, global_rows: int) -> jax.Array:
-    """A global array sharded along its first axis from this process's rows."""
-    shape = (global_rows, *local.shape[1:])
+def shard_global(
+    mesh: Mesh, local: np.ndarray, global_rows: int, micro_batches: int = 1
+) -> jax.Array:
+    """A global array sharded along its first axis from this process's rows.
+
+    With `micro_batches` > 1, this process's rows are cut into that many equal micro-batches
+    along a new leading axis, and micro-batch i of the global array holds micro-batch i of
+    every process: each is an equal share of the global batch.
+    """
+    if micro_batches == 1:
+        shape, sharding = (global_rows, *local.shape[1:]), _sharding(mesh, DATA_AXIS)
+    else:
+        local = local.reshape(micro_batches, -1, *local.shape[1:])
+        shape = (micro_batches, global_rows // micro_batches, *local.shape[2:])
+        sharding = _sharding(mesh, None, DATA_AXIS)
     array: jax.Array = jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
-        _sharding(mesh, DATA_AXIS), local, shape
+        sharding, local, shape
     )
     return array
 

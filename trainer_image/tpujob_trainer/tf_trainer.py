@@ -13,7 +13,9 @@ CONFIG_ERROR.
 Workers: on TPU, TPUStrategy spreads each step over the host's chips. Without TPUs (CPU
 fallback) every worker trains its own replica on the same batches, with no collective between
 workers, so worker 0 alone writes the checkpoints (`tf.train.CheckpointManager`, synchronous:
-a save has committed when it returns) and every worker resumes from them.
+a save has committed when it returns) and every worker resumes from them. Each worker trains on
+the whole global batch, so an elastic job's attempt on fewer slices keeps it as it is (and
+`--max-rows-per-process`, the JAX loop's gradient accumulation, does not apply here).
 """
 
 from __future__ import annotations
@@ -237,6 +239,14 @@ class TensorFlowTrainer(runtime.Loop):
                 batch.x[0, 0] = float("nan")  # the real loss of this step becomes NaN
             return batch
 
+        if cfg.degraded:
+            log.warning(
+                "training on %d of %d slices: the global batch of %d is kept, every worker "
+                "trains on all of it as at full strength",
+                cfg.active_slices,
+                cfg.planned_slices,
+                cfg.batch_size,
+            )
         for step in driver.steps(start, global_batch=cfg.batch_size):
             batch = driver.batch(step, make)
             loss = train_step(tf.constant(batch.x), tf.constant(batch.y))

@@ -25,6 +25,14 @@ back past a corrupt step to one older than a local step, the local step is resto
 A rollback (`resume_at`) applies to every tier: local steps after it are removed and
 persistent ones moved aside.
 
+Another process count (an elastic job's attempt on fewer slices, or back on all of them): a
+replicated state's shards are whole arrays whatever the count, so any local copy fits, and only
+the processes of this attempt are asked (a missing index simply has no copy). Processes that
+trained apart may hold the same step number saved by different attempts, with values that
+differ in their last bits (another split of the batch) or more (a rollback in between): only
+the newest attempt's copies are read, and the others take theirs from a peer, so every replica
+starts from one state.
+
 Fencing guards every tier: a persistent save first asks the job's `SaveGate` (one Lease read
 and one all-gather), and its verdict holds for both tiers of that step. A local save asks too,
 unless the job's last verdict to commit is younger than `recheck_steps` steps (the persistent
@@ -99,6 +107,13 @@ def choose_local(local_steps: Sequence[int], persistent_step: int | None) -> int
     if best < 0 or (persistent_step is not None and persistent_step > best):
         return None
     return best
+
+
+def holds(rows: Sequence[Sequence[int]], step: int, process: int) -> bool:
+    """Pure: whether `process` reads local `step` itself, given every process's row of
+    (newest local step, the attempt that saved it): it must hold the newest attempt's copy."""
+    newest = max((row[1] for row in rows if row[0] == step), default=-1)
+    return rows[process][0] == step and rows[process][1] == newest
 
 
 class TieredCheckpoints:
@@ -204,17 +219,18 @@ class TieredCheckpoints:
                 )
         began = self._clock()
         mine = self._local.latest_step()
+        saved_by = -1 if mine is None else self._local.saved_by(mine)
         persistent = self._persistent.latest_step(at_most=resume_at)
         rows = self._gather(
-            [-1 if mine is None else mine, -1 if persistent is None else persistent]
+            [-1 if mine is None else mine, saved_by, -1 if persistent is None else persistent]
         )
-        newest_persistent = max((row[1] for row in rows), default=-1)
+        newest_persistent = max((row[2] for row in rows), default=-1)
         step = choose_local(
             [row[0] for row in rows], None if newest_persistent < 0 else newest_persistent
         )
         restored: Restored | None = None
         if step is not None:
-            restored = self._restore_local(template, step, mine == step)
+            restored = self._restore_local(template, step, holds(rows, step, self._process))
             if restored is not None and resume_at is not None:
                 self._persistent.roll_back_after(resume_at)
         if restored is None:
@@ -228,7 +244,9 @@ class TieredCheckpoints:
                     restored.step,
                     newest_local,
                 )
-                better = self._restore_local(template, newest_local, mine == newest_local)
+                better = self._restore_local(
+                    template, newest_local, holds(rows, newest_local, self._process)
+                )
                 if better is not None:
                     restored = Restored(better.state, better.step, restored.skipped, better.source)
         if restored is not None and restored.source is not Source.PERSISTENT:
@@ -257,8 +275,8 @@ class TieredCheckpoints:
                     log.warning("local checkpoint step %d does not fit this state", step)
             except (OSError, ValueError, KeyError) as error:
                 log.warning("local checkpoint step %d does not load: %s", step, error)
-        # Two columns, as the first gather's: the all-gather compiled for it is reused.
-        rows = self._gather([int(leaves is not None), 0])
+        # Three columns, as the first gather's: the all-gather compiled for it is reused.
+        rows = self._gather([int(leaves is not None), 0, 0])
         have = [i for i, row in enumerate(rows) if row[0]]
         if not have:
             return None

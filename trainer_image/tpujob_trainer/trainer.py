@@ -7,6 +7,10 @@ always says how far the run got, so a failure report carries the step and checkp
 Lifecycle on SIGTERM: the handler only sets a flag. The next step carries the flag through the
 step's own collective (see `model.make_train_step`), so every process learns it in the same step;
 they all save that step, wait for the save to commit, and return PREEMPTED.
+
+An attempt on fewer slices than planned (an elastic job's, after a hard failure) trains on the
+same global batch, split over fewer processes; `--max-rows-per-process` makes a process short of
+device memory accumulate its share in micro-batches (`model.make_train_step`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tpujob_trainer import model, runtime
+from tpujob_trainer.config import TrainerConfig
 from tpujob_trainer.contract import ExitCode
 from tpujob_trainer.data import SEQUENCE_LENGTH, SequenceBatch, make_sequence_batch
 from tpujob_trainer.faults import Fault, FaultKind
@@ -31,6 +36,24 @@ log = logging.getLogger("tpujob_trainer")
 def _agreed(stop: Any) -> bool:
     """Whether the step's collective carried a SIGTERM flag from any process."""
     return bool(model.local_value(stop))
+
+
+def degraded_note(cfg: TrainerConfig) -> str | None:
+    """The line a degraded attempt logs at start (None at full strength): the global batch is
+    kept, so each of the fewer processes takes more of it."""
+    if not cfg.degraded:
+        return None
+    note = (
+        f"training on {cfg.active_slices} of {cfg.planned_slices} slices: the global batch of "
+        f"{cfg.batch_size} is kept, {cfg.rows_per_process} rows per process instead of "
+        f"{cfg.batch_size // cfg.planned_processes}"
+    )
+    if cfg.micro_batches > 1:
+        note += (
+            f", in {cfg.micro_batches} micro-batches of {cfg.rows_per_process // cfg.micro_batches}"
+            f" (--max-rows-per-process {cfg.max_rows_per_process})"
+        )
+    return note
 
 
 class Trainer(runtime.Loop):
@@ -47,7 +70,7 @@ class Trainer(runtime.Loop):
         backend = runtime.preflight(cfg)
         self.context = replace(self.context, backend=backend)
         mesh = model.make_mesh()
-        train_step = model.make_train_step(mesh)
+        train_step = model.make_train_step(mesh, cfg.micro_batches)
         state = model.replicate(mesh, model.init_state(cfg.seed))
         start = 0
         client = runtime.lease_client(cfg)
@@ -71,9 +94,19 @@ class Trainer(runtime.Loop):
             read_loss=lambda loss: float(model.local_value(loss)),
             digest=model.digest,
         )
-        local_rows = cfg.batch_size // cfg.num_processes
+        # The global batch is the job's whatever the process count: fewer processes (a
+        # degraded attempt) take more rows each.
+        local_rows = cfg.rows_per_process
         rows = slice(cfg.process_id * local_rows, (cfg.process_id + 1) * local_rows)
         local_devices = len(jax.local_devices())
+        note = degraded_note(cfg)
+        if note is not None:
+            log.warning("%s", note)
+        elif cfg.micro_batches > 1:
+            log.info("%d rows per process in %d micro-batches", local_rows, cfg.micro_batches)
+
+        def shard(local: np.ndarray) -> jax.Array:
+            return model.shard_global(mesh, local, cfg.batch_size, cfg.micro_batches)
 
         def make_batch(index: int, fault: Fault | None) -> SequenceBatch:
             # The shape fault feeds sequences one token longer than the model was built for.
@@ -91,9 +124,9 @@ class Trainer(runtime.Loop):
             stop_flags = np.full((local_devices,), int(self.stop_requested.is_set()), np.int32)
             state, loss, stop = train_step(
                 state,
-                model.shard_global(mesh, batch.tokens[rows], cfg.batch_size),
-                model.shard_global(mesh, batch.targets[rows], cfg.batch_size),
-                model.shard_global(mesh, batch.mask[rows], cfg.batch_size),
+                shard(batch.tokens[rows]),
+                shard(batch.targets[rows]),
+                shard(batch.mask[rows]),
                 model.shard_global(mesh, stop_flags, jax.device_count()),
             )
             driver.after(step, loss, state, stop=partial(_agreed, stop))
