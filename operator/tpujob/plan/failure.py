@@ -273,8 +273,9 @@ def _restart(
     not_before = now + timedelta(seconds=decision.delay_seconds) if decision.delay_seconds else None
     slices = status.current_attempt.slice_count(tpu.slices)
     unplaced = set(range(tpu.slices)) - set(pools)
-    if unplaced and elastic(job):
-        # It may launch on fewer slices (`tpujob.plan.elastic`): no pod keeps the old count.
+    if elastic(job) and set(range(slices)) - set(pools):
+        # A slice of this attempt has no pool: the next may launch on fewer slices
+        # (`tpujob.plan.elastic`), and no pod may keep the count it was made with.
         kept = frozenset()
     if kept:
         # Pods kept in place run with the attempt's slice count, so the next attempt keeps it.

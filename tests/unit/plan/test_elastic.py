@@ -6,7 +6,17 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from tests.unit.builders import at, cluster, iso, job_body, lease, observed, pod, running_status
+from tests.unit.builders import (
+    at,
+    cluster,
+    iso,
+    job_body,
+    lease,
+    observed,
+    pod,
+    reported,
+    running_status,
+)
 
 from tpujob.api import Phase, contract, labels, parse_job
 from tpujob.api.enums import ConditionType
@@ -215,3 +225,18 @@ def test_min_slices_may_not_exceed_the_slices_asked_for(
     else:
         with pytest.raises(InvalidJobError, match="minSlices"):
             parse_job(body)
+
+
+def test_a_soft_failure_of_a_smaller_attempt_restarts_it_in_place_at_its_size() -> None:
+    job = degraded_running()
+    beat = reported(lease(renewed=85, step=40, attempt=2), 0, 1, at_seconds=80, attempt=2)
+    beat["metadata"]["annotations"][contract.HEARTBEAT_REJOINS] = "true"
+    # A trainer process ended in its pod, which lives on: every trainer restarts in its pod,
+    # at the attempt's size, though the job's other slice still has no pool.
+    nodes = cluster(2, **{"pool-1-w1": LOST})
+    result = plan(observed(job, gang(job, 2, 1), nodes=nodes, heartbeat=beat), now=at(90))
+    current = result.status.current_attempt
+    assert result.status.restarts.soft == 1, result.status.last_failure
+    assert [k.slice for k in current.kept_slices] == [0]
+    assert current.slices == 1
+    assert pools(result) == {0: "pool-0"}
