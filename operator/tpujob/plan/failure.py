@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from tpujob import diagnosis as dx
-from tpujob.api import ConditionType, LastFailure, Phase, TPUTrainingJobStatus, contract
+from tpujob.api import ConditionType, LastFailure, Phase, TPUTrainingJobStatus, contract, labels
 from tpujob.api import constants as c
 from tpujob.api.attempt import FAILURE_HISTORY_LIMIT, AttemptStatus
 from tpujob.api.reasons import ConditionReason, EventReason, EventType, TimelineKind
@@ -257,14 +257,16 @@ def _restart(
         return_after=after,
     )
     bad = avoided_nodes(failed, obs.nodes, node_action, now=now, return_after=after)
+    taken = held_unseen(obs)
     keep = {
         p.slice: p.node_pool
         for p in status.current_attempt.placement
-        if p.slice not in decision.move_slices
+        if p.slice not in decision.move_slices and p.node_pool not in taken
     }
     # A moved slice leaves its pool even when no node there is blamed (a trainer's own hard
     # grade): the pool it left ranks with the busy ones, taken again only if nothing else is.
-    left = frozenset(
+    # So does a pool whose chips something this operator does not watch holds.
+    left = taken | frozenset(
         p.node_pool for p in status.current_attempt.placement if p.slice in decision.move_slices
     )
     pools = choose_pools(obs, keep, bad, draft=draft, avoid=left, spares=spare_pools(obs))
@@ -323,6 +325,17 @@ def _restart(
     draft.timeline(TimelineKind.RESTARTING, f"{d.tag} {action}")
     draft.event(EventType.NORMAL, EventReason.RESTARTING, f"{d.tag} {action}")
     draft.requeue(decision.delay_seconds or 0.5)
+
+
+def held_unseen(obs: Observed) -> frozenset[str]:
+    """Pools where the scheduler refused the attempt's pods for want of TPU chips: something
+    the operator does not watch (not a tpujob job: a JobSet, a plain pod) holds them, though
+    no job's claim or pod says so."""
+    return frozenset(
+        p.node_pool
+        for p in obs.attempt_pods(obs.job.status.attempt)
+        if p.node_pool and labels.TPU_RESOURCE in (p.unschedulable_message or "")
+    )
 
 
 def _rollback(d: dx.Diagnosis, trouble: Trouble, status: TPUTrainingJobStatus) -> Rollback | None:
