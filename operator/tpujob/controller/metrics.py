@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from tpujob.api import Phase
+from tpujob.api import GoodputBreakdown, Phase
 
 RECOVERY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -79,14 +79,9 @@ class Metrics:
         self._phases: dict[tuple[str, str], str] = {}
         for p in Phase:  # every phase is a series from the start, 0 until a job has it
             self.jobs.labels(phase=str(p)).set(0)
-        self._categories = (
-            "productive",
-            "startup",
-            "restore",
-            "redone",
-            "dataWait",
-            "downtime",
-            "other",
+        # Every category `record_breakdown` may be given, so that a job's series all go with it.
+        self._categories = tuple(
+            GoodputBreakdown(wall_seconds=0).model_dump(by_alias=True, exclude={"wall_seconds"})
         )
 
     def record_job(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from tpujob.api import Phase
+from tpujob.api import GoodputBreakdown, Phase
 from tpujob.controller.metrics import Metrics
 
 
@@ -46,7 +46,8 @@ def test_failures_restarts_and_recovery_durations_are_counted() -> None:
 
 def test_the_goodput_breakdown_is_exported_per_category_and_forgotten_with_the_job() -> None:
     metrics = Metrics()
-    metrics.record_breakdown("a", "one", {"productive": 90.0, "downtime": 10.0})
+    parts = GoodputBreakdown(wall_seconds=100, productive=90, downtime=10, queued=5, degraded=30)
+    metrics.record_breakdown("a", "one", parts.model_dump(by_alias=True, exclude={"wall_seconds"}))
     values = scrape(metrics)
     assert values['tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'] == 90
     metrics.forget_job("a", "one")
