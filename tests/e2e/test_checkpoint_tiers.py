@@ -1,8 +1,9 @@
 """Multi-tier checkpoints on the local cluster, with the real JAX trainer.
 
 Each job saves to its pods' memory-backed local tier every 2 steps and to the persistent folder
-every 10. A training process that died restarts in its own pod and every trainer restores from
-its pod's local tier, a step newer than any persistent one. A worker killed in one slice of two
+every 10. A training process that died restarts in its own pod and the trainers restore from
+their pods' local tiers (one whose write of it was cut short, from a peer's), a step newer than
+any persistent one. A worker killed in one slice of two
 replaces that slice: the kept slice's trainers restore from their local tiers (one whose write
 of the newest step was cut short gets it from a peer), the new pods' from a peer's broadcast of
 the same step. A node lost under a one-slice job replaces every pod:
@@ -135,7 +136,11 @@ def test_a_trainer_restarted_in_its_pod_restores_from_the_local_tier(
     before = watched.newest(attempt=1)
     steps = {name: restored(run, name) for name in pods}
     step = steps["tiers-1-0-0"][0]
-    assert steps == {name: (step, "local") for name in pods}
+    assert {s for s, _ in steps.values()} == {step}, steps
+    # Each reads its own local tier; a local write runs on a background thread, so the crashed
+    # process may have died before its write of the newest step ended: then a peer serves it.
+    sources = [source for _, source in steps.values()]
+    assert "local" in sources and set(sources) <= {"local", "peer"}, steps
     # Saved locally every 2 steps, persistently every 10: the crash before step 28 left 26
     # in the local tiers, newer than the persistent tier's newest (20).
     assert step > 20
