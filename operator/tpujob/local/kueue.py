@@ -12,6 +12,7 @@ operator (`tpujob.plan.queueing`), so Kueue never sees the trainer pods.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import socket
@@ -66,12 +67,19 @@ def binary() -> Path:
 
 
 def module_dir() -> Path:
-    """The pinned Kueue module's source (its CRDs and webhook list are read from there)."""
-    return Path(_go("list", "-m", "-f", "{{.Dir}}", MODULE))
+    """The pinned Kueue module's source (its CRDs and webhook list are read from there),
+    downloaded into Go's module cache first on a machine that has not built Kueue yet."""
+    found = json.loads(_go("mod", "download", "-json", MODULE))
+    if not found.get("Dir"):
+        raise ComponentError(f"go mod download {MODULE} gave no folder: {found.get('Error')}")
+    return Path(found["Dir"])
 
 
 def crd_files() -> list[Path]:
-    return sorted((module_dir() / "config" / "components" / "crd" / "bases").glob("*.yaml"))
+    found = sorted((module_dir() / "config" / "components" / "crd" / "bases").glob("*.yaml"))
+    if not found:
+        raise ComponentError(f"{MODULE} has no CRDs under config/components/crd/bases")
+    return found
 
 
 def _free_port() -> int:
