@@ -153,6 +153,23 @@ def pod(
     return manifest
 
 
+def refused(
+    manifest: dict[str, Any], message: str, *, since: float | None = None
+) -> dict[str, Any]:
+    """`manifest` (a pod) as one the scheduler could not place, saying `message`, since `since`."""
+    manifest["spec"].pop("nodeName", None)
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+    }
+    if since is not None:
+        condition["lastTransitionTime"] = iso(at(since))
+    manifest["status"] = {"phase": "Pending", "conditions": [condition]}
+    return manifest
+
+
 def trainer_message(code: contract.ExitCode, summary: str, step: int | None = 30) -> str:
     info = contract.EXIT_CODES[code]
     return contract.encode_termination_message(

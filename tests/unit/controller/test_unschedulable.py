@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.builders import at, iso, job_body, observed, pod, running_status
+from tests.unit.builders import at, job_body, observed, pod, refused, running_status
 
 from tpujob.api import ConditionType, Phase
 from tpujob.controller.reconcile import status_patch
@@ -19,21 +19,7 @@ SAID_LATER = "0/101 nodes are available: 2 Insufficient google.com/tpu, 40 node(
 
 
 def unplaced(job: dict[str, Any], worker: int, message: str, since: float) -> dict[str, Any]:
-    raw = pod(job, 1, 0, worker, phase="Pending")
-    raw["spec"].pop("nodeName")
-    raw["status"] = {
-        "phase": "Pending",
-        "conditions": [
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": message,
-                "lastTransitionTime": iso(at(since)),
-            }
-        ],
-    }
-    return raw
+    return refused(pod(job, 1, 0, worker, phase="Pending"), message, since=since)
 
 
 def planned(job: dict[str, Any], message: str, now: float) -> Plan:

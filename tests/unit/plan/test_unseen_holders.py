@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from tests.unit.builders import at, cluster, job_body, observed, pod, running_status
+from tests.unit.builders import at, cluster, job_body, observed, pod, refused, running_status
 
 from tpujob.plan.planner import plan
 
 REFUSED = "0/7 nodes are available: 2 Insufficient google.com/tpu, 5 node(s) didn't match"
-
-
-def refused(manifest: dict[str, Any], message: str) -> dict[str, Any]:
-    """`manifest` as a pod the scheduler could not place."""
-    manifest["spec"].pop("nodeName", None)
-    manifest["status"] = {
-        "phase": "Pending",
-        "conditions": [
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": message,
-            }
-        ],
-    }
-    return manifest
 
 
 @pytest.mark.parametrize(
