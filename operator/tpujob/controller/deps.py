@@ -26,6 +26,7 @@ from tpujob.diagnosis.site import SiteRule
 from tpujob.gcp.client import CatalogueSource
 from tpujob.kube.apply import Writer
 from tpujob.kube.cache import BeatBook, CachedView, NodeBook
+from tpujob.kube.informer import Informer
 from tpujob.kube.observe import Reader
 from tpujob.kube.workloads import WorkloadWriter
 from tpujob.plan.manifests import heartbeat_lease_name
@@ -44,8 +45,9 @@ RECENT_WRITE_SECONDS = 30.0
 # requests beyond them wait for a free connection instead of opening one (see
 # `kopf_connection_limit`).
 KOPF_REQUEST_CONNECTIONS = 32
-# Watch streams per watched scope (jobs, pods, Leases, nodes: `tpujob.controller.handlers`),
-# and those kopf may hold of its own (CRDs, namespaces, peering), with a margin.
+# kopf's watch streams per watched scope (jobs; Kueue's Workloads and flavors: pods, Leases and
+# nodes have watches of their own, `tpujob.controller.watches`, with a margin), and those kopf
+# may hold of its own (CRDs, namespaces, peering), with a margin.
 WATCHES_PER_SCOPE = 4
 KOPF_OWN_WATCHES = 4
 T = TypeVar("T")
@@ -262,6 +264,12 @@ class Deps:
     # How often the cache is checked for ghosts (`sweeps.check_for_ghosts`); 0: never.
     cache_check_seconds: float = 300.0
     kopf_connections: int = 0  # kopf_connection_limit(); 0: kopf's own unlimited session
+    # The client of the operator's own watches (`tpujob.controller.watches`), the namespaces
+    # they watch (none: all), and the informers running. No client: no watches (the cache is
+    # filled by whoever made these Deps, as tests do).
+    watch_api: Any = None
+    namespaces: tuple[str, ...] = ()
+    informers: list[Informer] = field(default_factory=list)
 
     def __copy__(self) -> Deps:
         return self

@@ -2,10 +2,12 @@
 
 A job's daemon reconciles it in a loop, so reconciles of one job never overlap; it sleeps until
 the planner's requeue time or until an event wakes it (`tpujob.controller.wakeups` decides whom
-an event concerns). The watches also feed kopf indexes (`tpujob.kube.cache`), from which
-reconciles read instead of asking the API; kopf starts no handler before every index has had its
-first listing. Errors are translated here (`retry_delay`): a ConflictError means "redo soon on fresh
-data", an unreachable apiserver is retried in about a second, anything else backs off.
+an event concerns). Reconciles read the cluster from a watch-fed cache (`tpujob.kube.cache`):
+the jobs (and Kueue's objects) from kopf's indexes, pods, nodes and heartbeat Leases from the
+operator's own watches (`tpujob.controller.watches`); kopf starts no handler before every index
+has had its first listing, nor before the start-up handler that waits for the own watches'.
+Errors are translated here (`retry_delay`): a ConflictError means "redo soon on fresh data", an
+unreachable apiserver is retried in about a second, anything else backs off.
 `register` applies the decorators to a registry it is given, so importing this module has no
 side effects.
 """
@@ -24,6 +26,7 @@ import aiohttp
 import kopf
 
 from tpujob.api import GROUP, PLURAL, VERSION, labels
+from tpujob.controller import watches
 from tpujob.controller.ledger_store import load_ledger
 from tpujob.controller.reconcile import Deps, reconcile, release_pools
 from tpujob.controller.sweeps import (
@@ -35,8 +38,6 @@ from tpujob.controller.sweeps import (
 from tpujob.kube import cache, workloads
 from tpujob.kube.errors import ConflictError, KubeError, UnavailableError
 from tpujob.kube.workloads import FLAVORS, WORKLOADS
-from tpujob.observed.nodes import down_now, note_tpu_shortfall, placeable
-from tpujob.plan.failed_nodes import marked_by
 from tpujob.plan.queueing import KUEUE_GROUP, KUEUE_VERSION
 
 ERROR_RETRY_SECONDS = 2.0
@@ -116,22 +117,26 @@ def register(registry: kopf.OperatorRegistry, *, kueue: bool = False) -> None:
         _register_kueue(registry)
 
     @kopf.on.startup(registry=registry)
-    def attach_cache(memo: Deps, **indexes: Any) -> None:
-        """kopf hands every handler the indexes as keyword arguments named after them."""
-        memo.view = cache.CachedView(
+    async def attach_cache(memo: Deps, **indexes: Any) -> None:
+        """kopf hands every handler its indexes as keyword arguments named after them; the
+        operator's own watches fill the rest, and have listed once when this returns."""
+        own = watches.own_indexes(memo)
+        memo.view = watches.cached_view(
+            memo,
+            own,
             jobs=indexes["tpujob_jobs"],
-            pods=indexes["tpujob_pods"],
-            pools=indexes["tpujob_pools"],
-            nodes=indexes["tpujob_nodes"],
-            heartbeats=indexes["tpujob_heartbeats"],
-            node_pods=indexes["tpujob_node_pods"],
-            node_book=memo.node_book,
-            **(
-                {"workloads": indexes["tpujob_workloads"], "flavors": indexes["tpujob_flavors"]}
-                if kueue
-                else {}
-            ),
+            workloads=indexes.get("tpujob_workloads"),
+            flavors=indexes.get("tpujob_flavors"),
         )
+        if memo.watch_api is not None:
+            loop = asyncio.get_running_loop()
+            await watches.start(
+                memo, watches.informers(memo, own, memo.watch_api, memo.namespaces, loop)
+            )
+
+    @kopf.on.cleanup(registry=registry)
+    def stop_watches(memo: Deps, **_: Any) -> None:
+        watches.stop(memo)
 
     @kopf.on.login(registry=registry)
     async def login(memo: Deps, **kwargs: Any) -> kopf.ConnectionInfo | kopf.AiohttpSession | None:
@@ -213,119 +218,14 @@ def register(registry: kopf.OperatorRegistry, *, kueue: bool = False) -> None:
             memo.jobs.awaiting_finalizer.discard(key)
             memo.wakes.wake(key, at=time.monotonic())
 
-    @kopf.on.event("", "v1", "pods", labels={labels.JOB: kopf.PRESENT}, registry=registry)
-    async def pod_changed(
-        *,
-        namespace: str | None,
-        labels: Mapping[str, str],
-        memo: Deps,
-        body: kopf.Body,
-        type: str | None,
-        **_: Any,
-    ) -> None:
-        now = time.monotonic()
-        memo.wakes.wake((namespace or "", labels[_JOB_LABEL]), at=now)
-        # A pod that ended or went may free its pool for a job waiting for that shape.
-        spec, status = body.get("spec") or {}, body.get("status") or {}
-        selector = spec.get("nodeSelector") or {}
-        pool = selector.get(_POOL_LABEL)
-        ended = type == "DELETED" or status.get("phase") in ("Succeeded", "Failed")
-        if (
-            ended
-            and pool
-            and memo.view is not None
-            and not memo.view.pool_holders(pool)
-            and memo.pools.holder(pool) is None
-        ):
-            shape = (selector.get(_ACCELERATOR_LABEL), selector.get(_TOPOLOGY_LABEL))
-            if shape[0] and shape[1]:
-                memo.wakes.pool_freed((str(shape[0]), str(shape[1])), at=now)
-
-    @kopf.on.event(
-        "coordination.k8s.io", "v1", "leases", labels={labels.JOB: kopf.PRESENT}, registry=registry
-    )
-    async def heartbeat(
-        *, namespace: str | None, name: str | None, labels: Mapping[str, str], memo: Deps, **_: Any
-    ) -> None:
-        key = (namespace or "", labels[_JOB_LABEL])
-        # Parsed once, by the index (kopf updates indexes before it calls handlers).
-        beat = memo.view.heartbeat(namespace or "", name or "") if memo.view else None
-        if beat is not None and memo.wakes.heartbeat(key, beat, now=memo.clock()):
-            memo.wakes.wake(key, at=time.monotonic())
-
-    @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_changed(*, name: str | None, memo: Deps, type: str | None, **_: Any) -> None:
-        """Wake the jobs with pods on this node or a placement on its pool, and the job that
-        marked it bad; a healthy node of a pool nobody holds may also let a waiting job in.
-        A status renewal that changed nothing the planner reads wakes no one."""
-        if memo.view is None or not name:
-            return
-        if type == "DELETED":
-            memo.node_book.note(name, None)
-        if not memo.node_book.take_change(name):
-            return
-        now = time.monotonic()
-        view = memo.view.node(name)  # parsed once, by the index; None once deleted
-        memo.tpu_short_since = note_tpu_shortfall(
-            memo.tpu_short_since, name, view, now=memo.clock()
-        )
-        concerned = set(memo.view.jobs_on_node(name))
-        holder = memo.pools.holder(view.pool or "") if view is not None else None
-        if holder is not None:
-            concerned.add(holder)
-        memo.wakes.wake_live(concerned, at=now)
-        marker = marked_by(view.mark_reason) if view is not None and not down_now(view) else None
-        if marker is not None:
-            # The job that marked a node lost may take its mark off once the node is back,
-            # finished or not: only it knows why, and nothing else would wake a finished job.
-            memo.wakes.wake(marker, at=now)
-        if (
-            view is not None
-            and view.pool
-            and holder is None
-            and view.accelerator
-            and view.topology
-            and placeable(view)
-            and not memo.view.pool_holders(view.pool)
-        ):
-            memo.wakes.pool_freed((view.accelerator, view.topology), at=now)
-
 
 def _register_indexes(registry: kopf.OperatorRegistry) -> None:
-    """The watch-fed cache: each index maps a key to the parsed records of the objects under
-    it (see `tpujob.kube.cache`); handlers receive each as a keyword argument named by its id."""
-    job_pods = {labels.JOB: kopf.PRESENT}
+    """The jobs' index (`tpujob.kube.cache.job_record`); pods, nodes and Leases come through
+    the operator's own watches (`tpujob.controller.watches`)."""
 
     @kopf.index(GROUP, VERSION, PLURAL, id="tpujob_jobs", registry=registry)
     def tpujob_jobs(body: kopf.Body, **_: Any) -> Any:
         return cache.job_record(body)
-
-    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_pods", registry=registry)
-    def tpujob_pods(body: kopf.Body, **_: Any) -> Any:
-        return cache.pod_by_job(body)
-
-    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_pools", registry=registry)
-    def tpujob_pools(body: kopf.Body, **_: Any) -> Any:
-        return cache.pod_by_pool(body)
-
-    @kopf.index("", "v1", "pods", labels=job_pods, id="tpujob_node_pods", registry=registry)
-    def tpujob_node_pods(body: kopf.Body, **_: Any) -> Any:
-        return cache.pod_by_node(body)
-
-    @kopf.index("", "v1", "nodes", id="tpujob_nodes", registry=registry)
-    def tpujob_nodes(body: kopf.Body, memo: Deps, **_: Any) -> Any:
-        return cache.node_record(body, memo.node_book)
-
-    @kopf.index(
-        "coordination.k8s.io",
-        "v1",
-        "leases",
-        labels=job_pods,
-        id="tpujob_heartbeats",
-        registry=registry,
-    )
-    def tpujob_heartbeats(body: kopf.Body, memo: Deps, **_: Any) -> Any:
-        return cache.lease_record(body, memo.beat_book)
 
 
 def _register_kueue(registry: kopf.OperatorRegistry) -> None:
@@ -355,6 +255,3 @@ def _register_kueue(registry: kopf.OperatorRegistry) -> None:
 
 
 _JOB_LABEL = labels.JOB
-_POOL_LABEL = labels.NODEPOOL
-_ACCELERATOR_LABEL = labels.ACCELERATOR
-_TOPOLOGY_LABEL = labels.TOPOLOGY

@@ -264,6 +264,14 @@ def run(args: argparse.Namespace) -> int:
         catalogue_refresh_seconds=args.gcp_refresh_hours * 3600,
         kopf_connections=kopf_connection_limit(tuple(args.namespace)),
         finalizer=labels.FINALIZER,
+        namespaces=tuple(args.namespace),
+    )
+    # The own watches' streams each hold a connection for as long as they run (a node stream,
+    # and a pod and a Lease stream per namespace or for all), and a relist needs one more.
+    deps.watch_api = api_client(
+        args.kubeconfig,
+        on_request=metrics.record_request,
+        connections=2 * max(1, len(deps.namespaces)) + 2,
     )
     own_namespace = os.environ.get("POD_NAMESPACE")
     if args.lease_role and args.service_account and own_namespace:

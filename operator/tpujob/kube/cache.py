@@ -1,14 +1,16 @@
 """The operator's view of the cluster, kept by the watches it already runs.
 
-Each `*_record` function turns one watched object into the small, parsed value an index keeps.
-The handlers register them as kopf indexes: kopf calls them on every watch event, drops a
-deleted object's values itself, and starts no handler before every index has been filled by
-its first listing, so a reconcile never sees a half-listed cluster. `CachedView` answers a
+Each `*_record` function turns one watched object into the small, parsed value an index keeps:
+the jobs' through kopf's index (kopf calls it on every watch event of a job), the pods', nodes'
+and Leases' through the operator's own informers (`tpujob.kube.informer`, wired in
+`tpujob.controller.watches`). Either drops a deleted object's values itself, and no reconcile
+starts before every index has been filled by its first listing, so a reconcile never sees a
+half-listed cluster. `CachedView` answers a
 reconcile's reads from those indexes: no LIST and no GET per reconcile, and parsing (pods,
 nodes, heartbeats) happens once per change instead of once per reconcile of every job.
 
-An index is any mapping from a key to the values stored under it (kopf's `Index` is one), so
-this module needs no kopf and is tested with plain dicts.
+An index is any mapping from a key to the values stored under it (kopf's `Index` and
+`tpujob.kube.indexes.Index` are), so this module needs no kopf and is tested with plain dicts.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ class NodeBook:
     planner reads (`NodeView` holds no heartbeat times). Such an event costs one comparison
     here: no new snapshot for the reconciles, no wake of the jobs on that node. The snapshot
     handed to a reconcile is never changed afterwards (planning reads it in a worker thread);
-    a change makes the next `snapshot()` a new one. Fed by the node index, which kopf runs in
-    its thread pool (a plain function), and read by the node event handler and the reconciles
+    a change makes the next `snapshot()` a new one. Fed by the node index, which the node
+    informer runs in its own thread, and read by the node event handler and the reconciles
     in the event loop: every method holds the book's lock, so a snapshot taken while a node is
     noted is never kept in place of the newer one.
 
@@ -170,8 +172,8 @@ class BeatBook:
 
     The watch shows a Lease again for reasons that are no renewal (a relist, a patch of its
     fencing token): a renewal is a new `renewTime`, stamped once. Fed by the Lease index (in
-    kopf's thread pool; kopf hands one object's events over one at a time, so a Lease is never
-    witnessed twice at once); a job's entry goes with the job (`forget`).
+    the thread of the informer of the Lease's namespace, one event at a time, so a Lease is
+    never witnessed twice at once); a job's entry goes with the job (`forget`).
     """
 
     def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
@@ -269,7 +271,7 @@ def _uid(body: Mapping[str, Any]) -> str:
 @dataclass(frozen=True)
 class CachedView:
     """One reconcile's reads, answered from the watch-fed indexes (in the event loop only:
-    kopf changes the indexes there), less the ghosts (`tpujob.kube.ghosts`): entries of
+    the indexes change there), less the ghosts (`tpujob.kube.ghosts`): entries of
     objects the cluster no longer has, whose deletion a broken watch missed."""
 
     jobs: Index

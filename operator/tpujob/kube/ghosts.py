@@ -1,11 +1,12 @@
 """Ghosts: objects the watch-fed indexes still hold after the cluster lost them.
 
-kopf drops an object from its indexes only on a DELETED event. When a watch breaks for longer
-than the apiserver keeps events (an apiserver restart, a control-plane upgrade, a partition),
-kopf lists again and carries on, but sends nothing for the objects that went meanwhile: their
-index entries stay for good. A ghost pod blocks its job's next attempt (its delete finds
-nothing, yet it never leaves the cache), ghost pods and nodes keep pools busy, and a ghost
-node looks placeable.
+kopf, which feeds the jobs' index, drops an object from it only on a DELETED event. When a
+watch breaks for longer than the apiserver keeps events (an apiserver restart, a control-plane
+upgrade, a partition), kopf lists again and carries on, but sends nothing for the objects that
+went meanwhile: their index entries stay for good. The operator's own informers (pods, nodes,
+Leases: `tpujob.kube.informer`) drop what a new listing no longer shows, but the check covers
+them as well: a ghost pod blocks its job's next attempt (its delete finds nothing, yet it never
+leaves the cache), ghost pods and nodes keep pools busy, and a ghost node looks placeable.
 
 So the operator lists the uids of what it caches every so often and compares. An object the
 list does not show may simply be newer than the list (the watch can run ahead of a list served

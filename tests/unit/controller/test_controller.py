@@ -7,7 +7,6 @@ import threading
 import time
 from typing import Any
 
-import kopf
 import pytest
 from tests.unit.builders import (
     at,
@@ -22,7 +21,7 @@ from tests.unit.builders import (
 from tests.unit.fakes import FakeReader, RecordingWriter, deps_for, index
 
 from tpujob.api import contract
-from tpujob.controller import handlers
+from tpujob.controller import watches
 from tpujob.controller.reconcile import (
     CACHE_WAIT_SECONDS,
     FINALIZER_POLL_SECONDS,
@@ -39,6 +38,7 @@ from tpujob.kube.errors import (
     KubeError,
     UnavailableError,
 )
+from tpujob.kube.indexes import Change
 from tpujob.observed.views import heartbeat_view
 
 
@@ -53,20 +53,11 @@ def run(
 def node_listing(deps: Deps, now: float) -> None:
     """The node watch's first listing, as the operator's node handler sees it: one event per
     node of the cache (the handler keeps the TPU-shortfall record the planner reads)."""
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry)
-    changed = next(
-        h for h in registry._watching.get_all_handlers() if h.id.endswith("node_changed")
-    )
     assert deps.view is not None
     names = list(deps.view.node_views())
     deps.clock = lambda: at(now)
-
-    async def listed() -> None:
-        for name in names:
-            await changed.fn(name=name, memo=deps, type=None)
-
-    asyncio.run(listed())
+    for name in names:
+        watches.node_changed(deps, Change(None, {"metadata": {"name": name}}))
 
 
 def launching_job() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The kopf wiring: every index the reconcile reads is registered under the name it is read by."""
+"""The kopf wiring: the indexes the reconciles read, the daemons, the login and the job events."""
 
 from __future__ import annotations
 
@@ -17,24 +17,35 @@ from tpujob.controller.deps import (
     kopf_connection_limit,
 )
 from tpujob.controller.reconcile import Deps
+from tpujob.kube.indexes import Index
 
 
 @pytest.mark.parametrize("kueue", [False, True], ids=["alone", "with-kueue"])
-def test_the_cache_is_attached_from_exactly_the_registered_indexes(kueue: bool) -> None:
+def test_the_cache_reads_kopfs_indexes_for_jobs_and_kueue_and_the_own_watches_for_the_rest(
+    kueue: bool,
+) -> None:
+    import asyncio
+
     registry = kopf.OperatorRegistry()
     handlers.register(registry, kueue=kueue)
-    ids = [h.id for h in registry._indexing.get_all_handlers()]
+    ids = sorted(h.id for h in registry._indexing.get_all_handlers())
+    kueue_ids = ["tpujob_flavors", "tpujob_workloads"] if kueue else []
+    assert ids == sorted(["tpujob_jobs", *kueue_ids])
     attach = next(
         h for h in registry._activities.get_all_handlers() if h.id.endswith("attach_cache")
     )
     deps = Deps(reader=FakeReader([]), writer=RecordingWriter())  # type: ignore[arg-type]
     indexes = {name: {("team", name): ["value"]} for name in ids}
-    attach.fn(memo=deps, **indexes)
+    asyncio.run(attach.fn(memo=deps, **indexes))  # no watch client: no informer started
     assert deps.view is not None
-    assert {id(index) for index in vars(deps.view).values() if isinstance(index, dict)} == {
-        id(index) for index in indexes.values()
-    }
+    assert deps.view.jobs is indexes["tpujob_jobs"]
     assert (deps.view.workloads is not None) == kueue
+    if kueue:
+        assert deps.view.workloads is indexes["tpujob_workloads"]
+        assert deps.view.flavors is indexes["tpujob_flavors"]
+    own = [deps.view.pods, deps.view.pools, deps.view.node_pods, deps.view.nodes]
+    assert all(isinstance(index, Index) for index in [*own, deps.view.heartbeats])
+    assert deps.view.node_book is deps.node_book
 
 
 def test_a_job_whose_daemon_stops_lets_its_pools_go_and_wakes_a_waiting_job() -> None:
