@@ -185,7 +185,8 @@ class PoolClaims:
         return self.holders.get(pool)
 
     def claimed_by_others(self, key: JobKey) -> frozenset[str]:
-        return frozenset(p for p, owner in self.holders.items() if owner != key)
+        # Set operations, not a walk of every claim in Python: asked at every reconcile.
+        return frozenset(self.holders).difference(self.held.get(key, ()))
 
 
 @dataclass

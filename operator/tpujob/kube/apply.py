@@ -86,8 +86,8 @@ class ApiWriter:
             )
         )
 
-    def _creator(self, kind: str) -> Callable[[str, dict[str, Any]], Any]:
-        creators: dict[str, Callable[[str, dict[str, Any]], Any]] = {
+    def _creator(self, kind: str) -> Callable[..., Any]:
+        creators: dict[str, Callable[..., Any]] = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "ServiceAccount": self.core.create_namespaced_service_account,
@@ -100,9 +100,18 @@ class ApiWriter:
     def create(self, obj: dict[str, Any]) -> bool:
         """Create `obj` unless it exists; True when it was created."""
         try:
-            call(self._creator(obj["kind"]), obj["metadata"]["namespace"], obj)
+            # The created object is not read: left unparsed (a pod's answer made into the
+            # client's models cost more than the request), read off and its connection freed.
+            answer = call(
+                self._creator(obj["kind"]),
+                obj["metadata"]["namespace"],
+                obj,
+                _preload_content=False,
+            )
         except ConflictError:
             return False
+        answer.read()
+        answer.release_conn()
         return True
 
     def pod_owner_uids(self, namespace: str, name: str) -> frozenset[str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from tpujob.api import KIND, labels
 from tpujob.kube.ghosts import Ghosts
@@ -339,7 +339,8 @@ class CachedView:
             return frozenset(str(p) for p in self.pools if self._held(p) - {me})
         mine = {r.view.node_pool for r in self.pods.get(me, ()) if r.view.node_pool}
         alone = {pool for pool in mine if all(holder == me for holder in self.pools.get(pool, ()))}
-        return frozenset(str(pool) for pool in self.pools) - alone
+        # The keys are pool names (`pod_by_pool`); set operations, not a loop: every reconcile.
+        return cast(frozenset[str], frozenset(self.pools)).difference(alone)
 
     def pool_holders(self, pool: str) -> frozenset[JobKey]:
         return self._held(pool)

@@ -192,30 +192,38 @@ def plan_placement(
     ctx = _Context(busy_pools, spare_pools, now, run_until)
     result = dict(keep)
     taken = set(keep.values())
-    ranked = sorted(
-        (
-            (rank_pool(p, ctx), p.name)
-            for p in pools_for(nodes, accelerator, topology)
-            if p.name not in taken and p.usable(hosts_per_slice, bad_nodes)
-        ),
-        key=lambda item: (item[0][0], item[1]),
+    # Ranked first, and each pool's nodes judged only when its turn comes: a job takes a few
+    # pools of hundreds, and judging every node of every pool at each plan was most of it.
+    ranked = iter(
+        sorted(
+            (
+                (rank_pool(p, ctx), p)
+                for p in pools_for(nodes, accelerator, topology)
+                if p.name not in taken
+            ),
+            key=lambda item: (item[0][0], item[1].name),
+        )
     )
+    usable = ((found, p.name) for found, p in ranked if p.usable(hosts_per_slice, bad_nodes))
     notes: list[PoolNote] = []
     unplaced: list[int] = []
     for index in range(slices):
         if index in result:
             continue
-        if not ranked:
+        chosen = next(usable, None)
+        if chosen is None:
             unplaced.append(index)
             continue
-        (rank, detail), name = ranked.pop(0)
+        (rank, detail), name = chosen
         result[index] = name
         if rank is PoolRank.MAINTENANCE_DUE:
             notes.append(PoolNote(index, name, rank, detail + "; no better pool was free"))
     deferred = tuple(
-        (name, detail)
-        for (rank, detail), name in ranked
-        if rank is PoolRank.MAINTENANCE_DUE and len(result) > len(keep)
+        (p.name, detail)
+        for (rank, detail), p in ranked
+        if rank is PoolRank.MAINTENANCE_DUE
+        and len(result) > len(keep)
+        and p.usable(hosts_per_slice, bad_nodes)
     )
     return PlacementResult(result, tuple(notes), tuple(unplaced), deferred)
 
