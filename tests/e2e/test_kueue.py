@@ -129,10 +129,13 @@ def queued_operator(
 class Queue:
     """A namespace with a LocalQueue on a ClusterQueue of its own (one slice's chips)."""
 
-    def __init__(self, cluster: LocalCluster, *, preemption: bool) -> None:
+    def __init__(
+        self, cluster: LocalCluster, *, preemption: bool, admission_check: str | None = None
+    ) -> None:
         self.cluster = cluster
         api = cluster.api_client()
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        self.check: str | None = None
         suffix = uuid.uuid4().hex[:5]
         self.namespace, self.cluster_queue = f"{PREFIX}-{suffix}", f"{PREFIX}-cq-{suffix}"
         create_namespace(self.core, self.namespace)
@@ -154,6 +157,8 @@ class Queue:
         }
         if preemption:
             spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+        if admission_check:
+            spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": admission_check}]}
         self._create_cluster("clusterqueues", "ClusterQueue", self.cluster_queue, spec)
         self.custom.create_namespaced_custom_object(
             KUEUE_GROUP,
@@ -239,6 +244,53 @@ def preempting_queue(cluster: LocalCluster, kueue: local_kueue.Kueue) -> Iterato
         yield queue
     finally:
         queue.close()
+
+
+CHECK_CONTROLLER = "tpujob.dev/test-check"
+
+
+@pytest.fixture
+def checked_queue(cluster: LocalCluster, kueue: local_kueue.Kueue) -> Iterator[Queue]:
+    """A queue whose ClusterQueue has an admission check this test module controls."""
+    custom = client.CustomObjectsApi(cluster.api_client())
+    name = f"{PREFIX}-check-{uuid.uuid4().hex[:5]}"
+    custom.create_cluster_custom_object(
+        KUEUE_GROUP,
+        KUEUE_VERSION,
+        "admissionchecks",
+        {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "spec": {"controllerName": CHECK_CONTROLLER},
+        },
+    )
+    # Kueue uses a check only once its controller says it is active.
+    custom.patch_cluster_custom_object_status(
+        KUEUE_GROUP,
+        KUEUE_VERSION,
+        "admissionchecks",
+        name,
+        {"status": {"conditions": [_condition("Active", "the test controls it")]}},
+    )
+    queue = Queue(cluster, preemption=False, admission_check=name)
+    queue.check = name
+    try:
+        yield queue
+    finally:
+        queue.close()
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", name)
+
+
+def _condition(kind: str, message: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": kind,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
 
 
 @pytest.fixture
@@ -335,3 +387,57 @@ def test_jobs_are_admitted_by_priority_and_a_job_naming_no_queue_is_untouched(
     names = [w["metadata"]["labels"].get(labels.JOB) for w in queue.workloads()]
     assert "alone" not in names
     wait_for(lambda: _no_usage(queue), timeout=60, what="the quota released")
+
+
+PROVISIONED = "autoscaling.x-k8s.io/consume-provisioning-request"
+
+
+def test_an_admission_checks_pod_set_updates_reach_the_pods_of_its_slice(
+    checked_queue: Queue, queued_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The test is the check's controller, as a ProvisioningRequest's would be: once Kueue has
+    reserved quota it lets the job through with annotations, a label and a toleration for its
+    pods; Kueue admits, and the pods the operator makes carry them."""
+    queue = checked_queue
+    run = queue.submit(queued_operator, training_job("checked", tmp_path / "ckpt", steps=20))
+
+    def pending_check() -> dict[str, Any] | None:
+        for wl in queue.workloads():
+            checks = (wl.get("status") or {}).get("admissionChecks") or []
+            if any(c.get("name") == queue.check and c.get("state") == "Pending" for c in checks):
+                return wl
+        return None
+
+    wl = wait_for(pending_check, timeout=120, what="quota reserved, the check pending")
+    assert not run.pods()  # not admitted yet
+    update = {
+        "name": "slice-0",
+        "annotations": {PROVISIONED: "checked-prov"},
+        "labels": {"capacity": "provisioned", labels.JOB: "not-this-job"},
+        "tolerations": [
+            {"key": "example.com/provisioned", "operator": "Exists", "effect": "NoSchedule"}
+        ],
+    }
+    check = {
+        "name": queue.check,
+        "state": "Ready",
+        "message": "capacity provisioned",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "podSetUpdates": [update],
+    }
+    queue.custom.patch_namespaced_custom_object_status(
+        KUEUE_GROUP,
+        KUEUE_VERSION,
+        queue.namespace,
+        "workloads",
+        wl["metadata"]["name"],
+        {"status": {"admissionChecks": [check]}},
+    )
+    run.wait(_admitted, "the job admitted once its check passed")
+    pods = wait_for(lambda: run.pods() or None, timeout=120, what="the job's pods")
+    for pod in pods:
+        assert (pod.metadata.annotations or {}).get(PROVISIONED) == "checked-prov"
+        assert pod.metadata.labels["capacity"] == "provisioned"
+        assert pod.metadata.labels[labels.JOB] == run.name  # the operator's own label stays
+        assert any(t.key == "example.com/provisioned" for t in pod.spec.tolerations or [])
+    run.wait_phase("Succeeded")

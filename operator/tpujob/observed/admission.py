@@ -33,6 +33,30 @@ WORK_SINCE_CHECKPOINT = "tpujob.dev/work-since-checkpoint-seconds"
 # Bounds on what is copied from an object anyone who may create Workloads could write.
 MAX_LABELS = 32
 MAX_TEXT = 256
+MAX_TOLERATIONS = 8
+# An admission check's state once its controller let the workload through.
+CHECK_READY = "Ready"
+TOLERATION_FIELDS = ("key", "operator", "value", "effect")
+
+
+@dataclass(frozen=True)
+class PodSetUpdate:
+    """What an admission check asks of a pod set's pods (Kueue's `podSetUpdates`): a
+    ProvisioningRequest's check names the capacity they are to consume, for one."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+    def __or__(self, other: PodSetUpdate) -> PodSetUpdate:
+        """Both checks' updates (the earlier check's value where two name one key)."""
+        return PodSetUpdate(
+            labels={**other.labels, **self.labels},
+            annotations={**other.annotations, **self.annotations},
+            node_selector={**other.node_selector, **self.node_selector},
+            tolerations=(self.tolerations + other.tolerations)[:MAX_TOLERATIONS],
+        )
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,8 @@ class WorkloadView:
     boost: int | None = None
     # The LocalQueue it waits or was admitted in (spec.queueName).
     queue_name: str | None = None
+    # Pod set name -> what the admission checks that passed ask of its pods.
+    pod_set_updates: Mapping[str, PodSetUpdate] = field(default_factory=dict)
 
     def condition(self, kind: str) -> WorkloadCondition | None:
         return next((c for c in self.conditions if c.type == kind), None)
@@ -137,6 +163,54 @@ def _flavors(admission: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     return assigned
 
 
+def _strings(raw: Any) -> dict[str, str]:
+    if not isinstance(raw, Mapping):
+        return {}
+    return {
+        _text(k): _text(v)
+        for k, v in list(raw.items())[:MAX_LABELS]
+        if isinstance(k, str) and isinstance(v, str)
+    }
+
+
+def _toleration(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, Mapping):
+        return None
+    found: dict[str, Any] = {k: _text(raw[k]) for k in TOLERATION_FIELDS if raw.get(k)}
+    seconds = raw.get("tolerationSeconds")
+    if isinstance(seconds, int) and not isinstance(seconds, bool):
+        found["tolerationSeconds"] = seconds
+    return found or None
+
+
+def _pod_set_updates(status: Mapping[str, Any]) -> dict[str, PodSetUpdate]:
+    """The updates of the admission checks in state Ready, by pod set, in the checks' order."""
+    updates: dict[str, PodSetUpdate] = {}
+    checks = status.get("admissionChecks")
+    for check in checks[:16] if isinstance(checks, list) else ():
+        if not isinstance(check, Mapping) or check.get("state") != CHECK_READY:
+            continue
+        items = check.get("podSetUpdates")
+        for item in items[:16] if isinstance(items, list) else ():
+            if not isinstance(item, Mapping) or not _text(item.get("name")):
+                continue
+            raw = item.get("tolerations")
+            tolerations = tuple(
+                t
+                for t in map(_toleration, raw[:MAX_TOLERATIONS] if isinstance(raw, list) else ())
+                if t is not None
+            )
+            update = PodSetUpdate(
+                labels=_strings(item.get("labels")),
+                annotations=_strings(item.get("annotations")),
+                node_selector=_strings(item.get("nodeSelector")),
+                tolerations=tolerations,
+            )
+            name = _text(item["name"])
+            updates[name] = updates[name] | update if name in updates else update
+    return updates
+
+
 def parse_workload(
     raw: Mapping[str, Any], flavor_labels: Callable[[str], Mapping[str, str]] | None = None
 ) -> WorkloadView:
@@ -167,16 +241,10 @@ def parse_workload(
         node_labels=labels,
         boost=int(boost) if boost.lstrip("-").isdigit() else None,
         queue_name=_text(spec.get("queueName")) or None,
+        pod_set_updates=_pod_set_updates(status),
     )
 
 
 def flavor_node_labels(raw: Mapping[str, Any]) -> dict[str, str]:
     """A ResourceFlavor's `spec.nodeLabels`, bounded."""
-    labels = (raw.get("spec") or {}).get("nodeLabels")
-    if not isinstance(labels, Mapping):
-        return {}
-    return {
-        _text(k): _text(v)
-        for k, v in list(labels.items())[:MAX_LABELS]
-        if isinstance(k, str) and isinstance(v, str)
-    }
+    return _strings((raw.get("spec") or {}).get("nodeLabels"))

@@ -25,8 +25,9 @@ from tpujob.api.constants import (
     REJOIN_MOUNT_PATH,
     REJOIN_VOLUME,
 )
+from tpujob.observed.admission import PodSetUpdate
 from tpujob.plan import pod_security
-from tpujob.plan.pod_template import add_template
+from tpujob.plan.pod_template import add_pod_set_update, add_template
 
 # Where a trainer pod's rejoin order is projected (see `contract.POD_REJOIN_ANNOTATION`).
 REJOIN_FILE = "rejoin"
@@ -47,6 +48,8 @@ class AttemptSettings:
     kept: Mapping[int, int] = field(default_factory=dict)
     # The slices the attempt runs on when fewer than the job's (an elastic job degraded).
     slices: int | None = None
+    # Slice index -> what Kueue's admission checks ask of its pods (a queued job).
+    pod_set_updates: Mapping[int, PodSetUpdate] = field(default_factory=dict)
 
     def slice_count(self, job: TPUTrainingJob) -> int:
         """The slices the attempt runs on."""
@@ -347,7 +350,8 @@ def trainer_pod(
         "metadata": child_meta(job, name, extra),
         "spec": spec,
     }
-    return add_template(pod, trainer.pod_template, trainer.volume_mounts)
+    pod = add_template(pod, trainer.pod_template, trainer.volume_mounts)
+    return add_pod_set_update(pod, settings.pod_set_updates.get(slice_index))
 
 
 def attempt_pods(job: TPUTrainingJob, settings: AttemptSettings) -> list[dict[str, Any]]:

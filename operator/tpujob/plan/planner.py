@@ -293,6 +293,7 @@ def attempt_settings(
         skip_batches=job.status.skip_batches,
         kept={k.slice: k.pods_attempt for k in current.kept_slices},
         slices=current.slices,
+        pod_set_updates=queueing.pod_set_updates(obs),
     )
 
 

@@ -1,8 +1,11 @@
-"""A job's pod template merged into a worker pod the operator built.
+"""A job's pod template, and what Kueue's admission checks ask of a pod set's pods, merged
+into a worker pod the operator built.
 
 Pure. Admission already refuses a template that names one of the operator's fields; the merge
 still lets the operator's values win (its labels, selectors, volumes), so a template stored
-before a rule existed cannot take a slice off its pool or hide the scratch volume.
+before a rule existed cannot take a slice off its pool or hide the scratch volume. The same
+holds for an admission check's pod set update: its labels, annotations, node selectors and
+tolerations are added, never in place of the operator's or the template's.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 from tpujob.api.pod_template import PodTemplate, VolumeMount
 from tpujob.api.trainer import TrainerSpec
+from tpujob.observed.admission import PodSetUpdate
 
 # What a pod on the node's network needs to still resolve the job's headless Service (its
 # peers' and coordinator's names): the default ClusterFirst falls back to the node's resolver.
@@ -58,6 +62,25 @@ def add_template(
         spec["dnsPolicy"] = HOST_NETWORK_DNS_POLICY
     if extra.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s.name} for s in extra.image_pull_secrets]
+    return pod
+
+
+def add_pod_set_update(pod: dict[str, Any], update: PodSetUpdate | None) -> dict[str, Any]:
+    """`pod` with an admission check's update added under what it has (changed in place)."""
+    if update is None:
+        return pod
+    meta, spec = pod["metadata"], pod["spec"]
+    for field, added, into in (
+        ("labels", update.labels, meta),
+        ("annotations", update.annotations, meta),
+        ("nodeSelector", update.node_selector, spec),
+    ):
+        if added:
+            into[field] = {**added, **into.get(field, {})}
+    have = spec.get("tolerations", [])
+    new = [dict(t) for t in update.tolerations if dict(t) not in have]
+    if new:
+        spec["tolerations"] = list(have) + new
     return pod
 
 

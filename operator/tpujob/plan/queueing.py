@@ -51,6 +51,7 @@ from tpujob.observed.admission import (
     REQUEUED,
     REQUEUED_AT_ONCE,
     WORK_SINCE_CHECKPOINT,
+    PodSetUpdate,
     WorkloadCondition,
     WorkloadView,
 )
@@ -143,17 +144,33 @@ def _pod_set_template(job: TPUTrainingJob) -> dict[str, Any]:
     }
 
 
+def pod_set_name(job: TPUTrainingJob, slice_index: int) -> str:
+    """The Workload's pod set a slice's pods belong to: one per slice, up to Kueue's limit."""
+    return f"slice-{slice_index}" if job.spec.tpu.slices <= MAX_POD_SETS else "slices"
+
+
+def pod_set_updates(obs: Observed) -> dict[int, PodSetUpdate]:
+    """Slice -> what the admission checks of the job's admitted Workload ask of its pods."""
+    wl = obs.workload
+    if wl is None or not wl.admitted or not wl.pod_set_updates:
+        return {}
+    found = {
+        s: wl.pod_set_updates.get(pod_set_name(obs.job, s)) for s in range(obs.job.spec.tpu.slices)
+    }
+    return {s: update for s, update in found.items() if update is not None}
+
+
 def workload_manifest(job: TPUTrainingJob) -> dict[str, Any]:
     """The Workload that stands for the job in its queue (priority filled in by the shell)."""
     tpu = job.spec.tpu
     template = _pod_set_template(job)
     if tpu.slices <= MAX_POD_SETS:
         pod_sets = [
-            {"name": f"slice-{s}", "count": tpu.hosts_per_slice, "template": template}
+            {"name": pod_set_name(job, s), "count": tpu.hosts_per_slice, "template": template}
             for s in range(tpu.slices)
         ]
     else:
-        pod_sets = [{"name": "slices", "count": tpu.total_hosts, "template": template}]
+        pod_sets = [{"name": pod_set_name(job, 0), "count": tpu.total_hosts, "template": template}]
     meta = manifests.child_meta(job, workload_name(job))
     return {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",

@@ -389,3 +389,95 @@ def test_a_job_no_longer_running_takes_its_boost_off() -> None:
     result = plan(seen(job, wl, pods=[pod(job, 1, 0, 0), pod(job, 1, 0, 1)]), now=at(20))
     assert result.workload is not None
     assert result.workload.annotations == {PRIORITY_BOOST: None, WORK_SINCE_CHECKPOINT: None}
+
+
+def provisioning_check(state: str = "Ready", **update: Any) -> dict[str, Any]:
+    """An admission check as a ProvisioningRequest's controller leaves it on the Workload."""
+    return {
+        "name": "dws-prov",
+        "state": state,
+        "podSetUpdates": [
+            {
+                "name": "slice-0",
+                "annotations": {
+                    "autoscaling.x-k8s.io/consume-provisioning-request": "wl-prov-1",
+                    "cluster-autoscaler.kubernetes.io/provisioning-class-name": "queued",
+                },
+                **update,
+            }
+        ],
+    }
+
+
+def test_an_admitted_jobs_pods_carry_what_its_admission_checks_ask_under_the_operators_own() -> (
+    None
+):
+    job = queued_job({"phase": "Suspended", "queue": {"name": "team-queue"}})
+    wl = workload(job, admitted=True)
+    wl["status"]["admissionChecks"] = [
+        provisioning_check(
+            labels={labels.JOB: "someone-else", "capacity": "dws"},
+            nodeSelector={labels.NODEPOOL: "pool-0", "cloud.google.com/gke-queued": "true"},
+            tolerations=[
+                {
+                    "key": "cloud.google.com/gke-queued",
+                    "operator": "Equal",
+                    "value": "true",
+                    "effect": "NoSchedule",
+                    "bogus": "dropped",
+                }
+            ],
+        ),
+        # A check still pending asks nothing yet.
+        {
+            "name": "other",
+            "state": "Pending",
+            "podSetUpdates": [{"name": "slice-0", "labels": {"x": "y"}}],
+        },
+    ]
+    result = plan(seen(job, wl, nodes=team_nodes()), now=at(5))
+    pods = [o for o in result.create if o["kind"] == "Pod"]
+    assert len(pods) == 2
+    for made in pods:
+        meta, spec = made["metadata"], made["spec"]
+        assert (
+            meta["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] == "wl-prov-1"
+        )
+        assert meta["labels"]["capacity"] == "dws" and "x" not in meta["labels"]
+        # The operator's own keys win: the job label and the pool the slice was placed on.
+        assert meta["labels"][labels.JOB] == job["metadata"]["name"]
+        assert spec["nodeSelector"][labels.NODEPOOL] == "pool-1"
+        assert spec["nodeSelector"]["cloud.google.com/gke-queued"] == "true"
+        assert {
+            "key": "cloud.google.com/gke-queued",
+            "operator": "Equal",
+            "value": "true",
+            "effect": "NoSchedule",
+        } in spec["tolerations"]
+
+
+def test_pod_set_updates_apply_only_once_admitted_and_only_to_their_pod_set() -> None:
+    job = queued_job({"phase": "Suspended", "queue": {"name": "team-queue"}})
+    wl = workload(job, admitted=False)
+    wl["status"]["admissionChecks"] = [provisioning_check()]
+    obs = seen(job, wl, nodes=team_nodes())
+    assert queueing.pod_set_updates(obs) == {}
+    wl = workload(job, admitted=True)
+    wl["status"]["admissionChecks"] = [provisioning_check(), provisioning_check()]
+    wl["status"]["admissionChecks"][1]["podSetUpdates"][0]["name"] = "slice-7"
+    found = queueing.pod_set_updates(seen(job, wl, nodes=team_nodes()))
+    assert list(found) == [0]
+
+
+def test_pod_set_updates_are_read_bounded() -> None:
+    job = queued_job()
+    wl = workload(job, admitted=True)
+    wl["status"]["admissionChecks"] = [
+        provisioning_check(
+            labels={f"k{i}": "v" * 1000 for i in range(100)},
+            tolerations=[{"key": f"t{i}"} for i in range(50)] + ["not a toleration"],
+        )
+    ]
+    update = parse_workload(wl).pod_set_updates["slice-0"]
+    assert len(update.labels) == 32 and all(len(v) == 256 for v in update.labels.values())
+    assert len(update.tolerations) == 8
