@@ -43,9 +43,11 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         help="watch only this namespace (repeatable; a glob such as 'team-*' "
-        "also works, but then delete a namespace's jobs before the "
-        "namespace: once a namespace is being deleted it may no longer be "
-        "watched, and its jobs keep their finalizer)",
+        "also works, but then the operator lists pods and Leases in every "
+        "namespace, keeping those of matching ones, and needs the right to; "
+        "and delete a namespace's jobs before the namespace: once a namespace "
+        "is being deleted it may no longer be watched, and its jobs keep "
+        "their finalizer)",
     )
     p.add_argument("--kubeconfig", default=None)
     p.add_argument("--metrics-port", type=int, default=9090, help="0 disables metrics")

@@ -25,6 +25,7 @@ from tpujob.observed.admission import (
     WorkloadView,
     flavor_node_labels,
     parse_workload,
+    ready_checks,
 )
 from tpujob.plan.queueing import KUEUE_GROUP, KUEUE_VERSION, POD_PRIORITY_CLASS
 from tpujob.plan.result import WorkloadPriority, WorkloadWrite
@@ -62,7 +63,10 @@ def workload_record(raw: Mapping[str, Any]) -> dict[Hashable, WorkloadRecord]:
             },
         },
         "spec": {k: (raw.get("spec") or {}).get(k) for k in ("active", "queueName")},
-        "status": {k: status.get(k) for k in ("conditions", "admission")},
+        "status": {
+            **{k: status.get(k) for k in ("conditions", "admission")},
+            "admissionChecks": ready_checks(status),
+        },
     }
     return {(str(namespace), str(job)): WorkloadRecord(str(meta.get("name")), owners, kept)}
 

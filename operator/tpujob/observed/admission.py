@@ -211,6 +211,26 @@ def _pod_set_updates(status: Mapping[str, Any]) -> dict[str, PodSetUpdate]:
     return updates
 
 
+def ready_checks(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Ready admission checks' pod set updates as one bounded check, in the API's form:
+    what a watch-fed record keeps of `status.admissionChecks` (parsed again, it gives the
+    same updates)."""
+    updates = _pod_set_updates(status)
+    if not updates:
+        return []
+    items = [
+        {
+            "name": name,
+            "labels": dict(update.labels),
+            "annotations": dict(update.annotations),
+            "nodeSelector": dict(update.node_selector),
+            "tolerations": [dict(t) for t in update.tolerations],
+        }
+        for name, update in updates.items()
+    ]
+    return [{"name": "ready", "state": CHECK_READY, "podSetUpdates": items}]
+
+
 def parse_workload(
     raw: Mapping[str, Any], flavor_labels: Callable[[str], Mapping[str, str]] | None = None
 ) -> WorkloadView:

@@ -46,3 +46,28 @@ def test_a_workload_owned_by_another_uid_does_not_stand_for_the_job() -> None:
         {("team", "train"): [kept]}, {}, ("team", "train"), uid="job-uid", name=kept.name
     )
     assert found is None
+
+
+def test_a_workload_record_keeps_the_pod_set_updates_of_ready_checks_bounded() -> None:
+    update = {
+        "name": "slice-0",
+        "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": "prov"},
+        "labels": {f"k{i}": "v" for i in range(1000)},
+        "tolerations": [{"key": "example.com/provisioned", "operator": "Exists"}] * 50,
+    }
+    raw = raw_workload()
+    raw["status"] = {
+        "admissionChecks": [
+            {"name": "prov", "state": "Ready", "podSetUpdates": [update]},
+            {"name": "pending", "state": "Pending", "podSetUpdates": [{**update, "name": "x"}]},
+        ]
+    }
+    kept = workload_record(raw)[("team", "train")]
+    view = workload_for(
+        {("team", "train"): [kept]}, {}, ("team", "train"), uid="job-uid", name=kept.name
+    )
+    assert view is not None
+    assert list(view.pod_set_updates) == ["slice-0"]
+    found = view.pod_set_updates["slice-0"]
+    assert found.annotations == {"autoscaling.x-k8s.io/consume-provisioning-request": "prov"}
+    assert len(found.labels) == 32 and len(found.tolerations) == 8
