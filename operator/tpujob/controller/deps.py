@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from tpujob.api import Phase, TPUTrainingJob, TPUTrainingJobStatus, parse_job
@@ -102,6 +103,14 @@ class RecentWrites:
             self._seen[what] = now
             if len(self._seen) > 4096:
                 self._seen = {k: t for k, t in self._seen.items() if now - t < self._ttl}
+
+
+class Stream(StrEnum):
+    """The operator's own watches (`Watched.kind` of each informer)."""
+
+    PODS = "pods"
+    NODES = "nodes"
+    LEASES = "leases"
 
 
 def utc_now() -> dt.datetime:
@@ -278,6 +287,24 @@ class Deps:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call in the operator's executor."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def heartbeats_seen_since(self, now: dt.datetime) -> dt.datetime | None:
+        """Since when the operator could have seen every heartbeat renewal: the API answered
+        and each heartbeat Lease stream ran, without a break (None: no break known, and a
+        heartbeat's age counts in full). While a stream is broken, `now`: no clock judged on
+        heartbeats runs while the renewals could not be seen (an informer's retry after an
+        outage may come well after the API answers again).
+        """
+        since = self.api.reachable_since
+        for informer in self.informers:
+            if informer.watched.kind != Stream.LEASES:
+                continue
+            if informer.broken:
+                return now
+            resumed = informer.resumed_at
+            if resumed is not None and (since is None or resumed > since):
+                since = resumed
+        return since
 
     def forget(self, key: JobKey) -> None:
         """Drop everything kept of a job that is gone: its book, wakes, metrics and pools."""

@@ -99,6 +99,8 @@ async def _api_back(deps: Deps) -> None:
         await deps.run(deps.reader.api_answers)
         deps.api.down = False
         deps.api.reachable_since = deps.clock()
+        for informer in deps.informers:  # not a backoff's worth later
+            informer.retry_now()
 
 
 async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
@@ -131,7 +133,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         catalogue=deps.catalogue.catalogue if deps.catalogue else None,
         node_blames=ledger_rows(deps),
         site_rules=deps.site_rules,
-        api_reachable_since=deps.api.reachable_since,
+        api_reachable_since=deps.heartbeats_seen_since(now),
     )
     # Most plans keep the placement they had; those plan without the placement lock, so a
     # thousand running jobs do not queue behind one another. A plan that places pools is made

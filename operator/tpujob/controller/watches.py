@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client
 
 from tpujob.api import labels
-from tpujob.controller.deps import Deps
+from tpujob.controller.deps import Deps, Stream
 from tpujob.kube import cache
 from tpujob.kube.indexes import DELETED, Change, Indexer
 from tpujob.kube.informer import Informer, Watched, namespace_filter
@@ -76,19 +76,23 @@ def cached_view(
 
 
 def _scoped(
-    what: str, namespaces: tuple[str, ...], everywhere: Callable[..., Any], one: Callable[..., Any]
+    kind: str,
+    what: str,
+    namespaces: tuple[str, ...],
+    everywhere: Callable[..., Any],
+    one: Callable[..., Any],
 ) -> list[Watched]:
     """One stream per watched namespace when they are plain names, else one of the whole
     cluster, filtered by the patterns (which then needs the right to list in every one)."""
     if namespaces and namespace_filter(namespaces) is None:
         return [
-            Watched(f"{what} in {ns}", partial(one, ns), labels.JOB, namespace=ns)
+            Watched(f"{what} in {ns}", partial(one, ns), labels.JOB, namespace=ns, kind=kind)
             for ns in namespaces
         ]
     accept = namespace_filter(namespaces) if namespaces else None
     if accept is None:
-        return [Watched(what, everywhere, labels.JOB)]
-    return [Watched(what, everywhere, labels.JOB, accept=accept)]
+        return [Watched(what, everywhere, labels.JOB, kind=kind)]
+    return [Watched(what, everywhere, labels.JOB, accept=accept, kind=kind)]
 
 
 def informers(
@@ -99,19 +103,20 @@ def informers(
     loop: asyncio.AbstractEventLoop,
 ) -> list[Informer]:
     core, leases = client.CoreV1Api(api), client.CoordinationV1Api(api)
-    nodes = Watched("nodes", core.list_node)
-    made = [Informer(nodes, own.nodes, partial(node_changed, deps), loop)]
+    nodes = Watched("nodes", core.list_node, kind=Stream.NODES)
+    made = [Informer(nodes, own.nodes, partial(node_changed, deps), loop, deps.clock)]
     for watched in _scoped(
-        "pods", namespaces, core.list_pod_for_all_namespaces, core.list_namespaced_pod
+        Stream.PODS, "pods", namespaces, core.list_pod_for_all_namespaces, core.list_namespaced_pod
     ):
-        made.append(Informer(watched, own.pods, partial(pod_changed, deps), loop))
+        made.append(Informer(watched, own.pods, partial(pod_changed, deps), loop, deps.clock))
     for watched in _scoped(
+        Stream.LEASES,
         "heartbeat Leases",
         namespaces,
         leases.list_lease_for_all_namespaces,
         leases.list_namespaced_lease,
     ):
-        made.append(Informer(watched, own.leases, partial(lease_changed, deps), loop))
+        made.append(Informer(watched, own.leases, partial(lease_changed, deps), loop, deps.clock))
     return made
 
 

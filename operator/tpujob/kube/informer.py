@@ -11,12 +11,19 @@ A watch resumes from the last resourceVersion it saw (bookmarks keep it fresh wh
 changes). When the apiserver no longer has that version (410 Gone: a long outage, an apiserver
 restart), the informer lists again, and what the listing no longer shows leaves the indexes as
 deleted, with a DELETED change for the handler: no entry outlives its object because a watch
-broke. Other errors are retried with a capped, jittered backoff.
+broke. Other errors are retried with a capped, jittered backoff, cut short by `retry_now` (the
+operator calls it once the apiserver answers again after an outage).
+
+While a stream is broken its indexes may be stale: `broken` says so, and `resumed_at` says when
+they were fresh again after the last break, so that a clock judged on what the stream shows (a
+heartbeat's age) does not run while the stream could not show anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import json
 import logging
 import random
@@ -37,7 +44,9 @@ PAGE = 500
 WATCH_SECONDS = 60
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_GRACE_SECONDS = 30.0
-MAX_BACKOFF_SECONDS = 30.0
+# An operator runs a handful of streams, so retrying them often costs the apiserver little;
+# while one is down the clocks judged on it are held and its changes unseen, so the cap is short.
+MAX_BACKOFF_SECONDS = 8.0
 
 Handler = Callable[[Change], None]
 _log = logging.getLogger(__name__)
@@ -68,6 +77,7 @@ class Watched:
     namespace: str | None = None
     # Objects outside the watched namespaces (a glob) are dropped before they are parsed.
     accept: Callable[[str], bool] = lambda namespace: True
+    kind: str = ""  # which of its streams, for the operator: "pods", "nodes", "leases"
 
 
 def namespace_filter(patterns: Iterable[str]) -> Callable[[str], bool] | None:
@@ -113,11 +123,21 @@ class Informer:
     """One kind in one scope, listed then watched in a daemon thread of its own."""
 
     def __init__(
-        self, watched: Watched, indexer: Indexer, handler: Handler, loop: asyncio.AbstractEventLoop
+        self,
+        watched: Watched,
+        indexer: Indexer,
+        handler: Handler,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.watched, self.indexer, self._handler, self._loop = watched, indexer, handler, loop
+        self._clock = clock
         self.synced = asyncio.Event()  # set, in the loop, once the first listing is applied
+        # Both kept in the loop, in order with the changes the stream brings.
+        self.broken = False
+        self.resumed_at: dt.datetime | None = None
         self._stopping = threading.Event()
+        self._retry = threading.Event()  # set: the backoff's wait ends now
         self._thread = threading.Thread(target=self._run, name=f"watch {watched.what}", daemon=True)
 
     def start(self) -> None:
@@ -126,6 +146,11 @@ class Informer:
     def stop(self) -> None:
         """The thread ends at its stream's next line or end (it holds nothing to release)."""
         self._stopping.set()
+        self._retry.set()
+
+    def retry_now(self) -> None:
+        """A stream waiting to retry after a failure tries again at once."""
+        self._retry.set()
 
     # In the informer's thread.
 
@@ -140,10 +165,12 @@ class Informer:
                 failures = 0
             except GoneError:
                 _log.info("watch of %s: version gone, listing again", self.watched.what)
+                self._break()
                 version = None
             except _StoppedError:
                 return
             except Exception as err:  # any failure of a stream is retried
+                self._break()
                 failures += 1
                 delay = backoff_seconds(failures, random.random())
                 _log.warning(
@@ -153,7 +180,12 @@ class Informer:
                     delay,
                     err,
                 )
-                self._stopping.wait(delay)
+                self._retry.wait(delay)
+                self._retry.clear()
+
+    def _break(self) -> None:
+        with contextlib.suppress(_StoppedError):  # stopping: the loop ends the thread
+            self._post(self._broke, None)
 
     def _list(self) -> str:
         listed: list[Prepared] = []
@@ -179,6 +211,8 @@ class Informer:
             _preload_content=False,
             _request_timeout=(CONNECT_TIMEOUT_SECONDS, WATCH_SECONDS + READ_GRACE_SECONDS),
         )
+        # The watch resumes from the version the indexes reached: they are fresh from here on.
+        self._post(self._resumed, None)
         buffer = bytearray()
         try:
             for chunk in response.stream(amt=None, decode_content=False):
@@ -232,6 +266,14 @@ class Informer:
 
     # In the event loop.
 
+    def _broke(self, _: None) -> None:
+        self.broken = True
+
+    def _resumed(self, _: None) -> None:
+        if self.broken:
+            self.broken = False
+            self.resumed_at = self._clock()
+
     def _tell(self, change: Change) -> None:
         try:
             self._handler(change)
@@ -254,4 +296,5 @@ class Informer:
             )
         for change in changes:
             self._tell(change)
+        self._resumed(None)
         self.synced.set()

@@ -393,10 +393,11 @@ class Observed:
     tpu_short_since: Mapping[str, datetime] | None = None
     # The Cloud TPU zone catalogue, when the operator is given one (advice only).
     catalogue: Catalogue | None = None
-    # Since when the operator has reached the API server without a break, as its shell
-    # recorded it. While the API is down no trainer can renew its heartbeat and no operator
-    # can see one renewed, so a heartbeat's age counts only from then (`tpujob.observed.trouble`).
-    # None: no record is kept, and the age counts in full.
+    # Since when the operator has reached the API server, and watched the heartbeat Leases,
+    # without a break, as its shell recorded it. While the API is down no trainer can renew its
+    # heartbeat, and while the watch is down no operator can see one renewed, so a heartbeat's
+    # age counts only from then (`tpujob.observed.trouble`). None: no record is kept, and the
+    # age counts in full.
     api_reachable_since: datetime | None = None
     # The node ledger's rows, (node, "namespace/job", seconds since the epoch): soft blames
     # of nodes by all the operator's jobs (`tpujob.plan.node_ledger`).

@@ -22,6 +22,7 @@ from tests.unit.fakes import FakeReader, RecordingWriter, deps_for, index
 
 from tpujob.api import contract
 from tpujob.controller import watches
+from tpujob.controller.deps import Stream
 from tpujob.controller.reconcile import (
     CACHE_WAIT_SECONDS,
     FINALIZER_POLL_SECONDS,
@@ -38,7 +39,8 @@ from tpujob.kube.errors import (
     KubeError,
     UnavailableError,
 )
-from tpujob.kube.indexes import Change
+from tpujob.kube.indexes import Change, Indexer
+from tpujob.kube.informer import Informer, Watched
 from tpujob.observed.views import heartbeat_view
 
 
@@ -632,3 +634,46 @@ def test_a_new_job_waits_for_kopf_s_finalizer_before_its_first_status_write(
     assert (writer.calls == []) is waits
     assert (("team", "train") in deps.jobs.awaiting_finalizer) is waits
     assert (delay == FINALIZER_POLL_SECONDS) is waits
+
+
+def lease_stream(kind: str, *, broken: bool = False, resumed: float | None = None) -> Informer:
+    """An informer as the operator's watches hold it, in the state its stream left it."""
+    loop = asyncio.new_event_loop()
+    loop.close()  # never started: only its state is read
+    informer = Informer(
+        Watched(kind, lambda **_: None, kind=kind), Indexer({}), lambda _: None, loop
+    )
+    informer.broken = broken
+    informer.resumed_at = at(resumed) if resumed is not None else None
+    return informer
+
+
+@pytest.mark.parametrize(
+    ("streams", "now", "restarted"),
+    [
+        ([], 100, True),  # never broken: the heartbeat's whole age counts
+        ([lease_stream(Stream.LEASES, broken=True)], 100, False),  # renewals cannot be seen
+        ([lease_stream(Stream.LEASES, resumed=90)], 100, False),  # back 10 s ago, limit 20 s
+        ([lease_stream(Stream.LEASES, resumed=90)], 115, True),  # a whole limit since it resumed
+        ([lease_stream(Stream.PODS, broken=True)], 100, True),  # other streams hold no clock
+        (  # one Lease stream per namespace: the latest return counts
+            [lease_stream(Stream.LEASES, resumed=30), lease_stream(Stream.LEASES, resumed=90)],
+            100,
+            False,
+        ),
+    ],
+)
+def test_a_heartbeat_ages_only_while_its_lease_stream_is_watched(
+    streams: list[Informer], now: float, restarted: bool
+) -> None:
+    """An informer's retry may come well after the API answers again: until its watch is back
+    no renewal can be seen, and a stall limit counts from then."""
+    job = job_body(status=running_status(), recovery={"stallTimeoutSeconds": 20})
+    reader = FakeReader(
+        [pod(job, 1, 0, 0), pod(job, 1, 0, 1)], body=job, lease=beat(10, iso(at(19)))
+    )
+    writer = RecordingWriter()
+    deps = deps_for(reader, writer)
+    deps.informers.extend(streams)
+    run(reader, writer, deps, now=now)
+    assert any(s.get("attempt") == 2 for s in writer.statuses) is restarted

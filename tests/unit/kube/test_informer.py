@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -239,3 +240,49 @@ def test_the_backoff_grows_to_its_cap() -> None:
     assert delays == sorted(delays)
     assert delays[-1] == MAX_BACKOFF_SECONDS
     assert backoff_seconds(1, 0.0) < backoff_seconds(1, 0.99)
+
+
+def test_a_broken_stream_says_so_until_retry_now_brings_it_back_fresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failure is a break, and the watch's return ends it; the first listing ends none.
+    The backoff here is a minute: only `retry_now` can bring the stream back within the test."""
+    monkeypatch.setattr("tpujob.kube.informer.backoff_seconds", lambda *_: 60.0)
+    hold = threading.Event()
+    back = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
+    script = Script([Listing([obj("a", 5)], 10), ApiException(status=0, reason="refused")], hold)
+    states: list[tuple[bool, datetime | None]] = []
+
+    async def main() -> None:
+        informer = Informer(
+            Watched("test objects", script, "job"),
+            Indexer({"names": names}),
+            lambda _: None,
+            asyncio.get_running_loop(),
+            clock=lambda: back,
+        )
+        informer.start()
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 5)
+            await until(lambda: informer.broken)
+            states.append((informer.broken, informer.resumed_at))
+            informer.retry_now()
+            await until(lambda: not informer.broken)
+            states.append((informer.broken, informer.resumed_at))
+        finally:
+            informer.stop()
+            hold.set()
+
+    asyncio.run(main())
+    # No `resumed_at` while broken: the first listing was no return from a break.
+    assert states == [(True, None), (False, back)]
+    watches = [call["resource_version"] for call in script.calls if call.get("watch")]
+    assert watches[:2] == ["10", "10"]  # resumed from where it was, no listing again
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached")
