@@ -133,7 +133,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
         catalogue=deps.catalogue.catalogue if deps.catalogue else None,
         node_blames=ledger_rows(deps),
         site_rules=deps.site_rules,
-        api_reachable_since=deps.heartbeats_seen_since(now),
+        heartbeats_seen_since=deps.heartbeats_seen_since(now),
     )
     # Most plans keep the placement they had; those plan without the placement lock, so a
     # thousand running jobs do not queue behind one another. A plan that places pools is made

@@ -275,7 +275,8 @@ def stall_clock(
     that never writes the Lease (the user's own, without the SDK) is not hung for being silent.
     Between the announcement and the first step the clock starts when the last worker started
     running and the limit is the start-up timeout. A timeout of 0 is off. Time the API server
-    was unreachable does not count (`Observed.api_reachable_since`).
+    was unreachable, or the heartbeat watch broken, does not count
+    (`Observed.heartbeats_seen_since`).
     """
     if timeout <= 0 or not pods or launched_at is None or not all(p.running for p in pods):
         return None
@@ -289,10 +290,11 @@ def stall_clock(
         # Start times are the kubelet's clock: one ahead must not hold the clock back.
         started = [min(p.running_since, now) for p in pods if p.running_since is not None]
         since, limit = max([launched_at, *started]), startup_timeout
-    if obs.api_reachable_since is not None and obs.api_reachable_since > since:
+    seen_since = obs.heartbeats_seen_since
+    if seen_since is not None and seen_since > since:
         # An apiserver outage is no hang: the trainers could not renew, nor could the operator
-        # see them renew; they get a whole stall timeout from the API's return.
-        since = obs.api_reachable_since
+        # see them renew; they get a whole stall timeout from the API's and the watch's return.
+        since = seen_since
     return since, limit
 
 

@@ -398,7 +398,7 @@ class Observed:
     # heartbeat, and while the watch is down no operator can see one renewed, so a heartbeat's
     # age counts only from then (`tpujob.observed.trouble`). None: no record is kept, and the
     # age counts in full.
-    api_reachable_since: datetime | None = None
+    heartbeats_seen_since: datetime | None = None
     # The node ledger's rows, (node, "namespace/job", seconds since the epoch): soft blames
     # of nodes by all the operator's jobs (`tpujob.plan.node_ledger`).
     node_blames: tuple[tuple[str, str, float], ...] = ()

@@ -83,7 +83,7 @@ def names(raw: Mapping[str, Any]) -> dict[Hashable, str]:
 
 
 def run(
-    answers: list[Any], until: Callable[[list[Change]], bool]
+    answers: list[Any], done: Callable[[list[Change]], bool]
 ) -> tuple[Script, Indexer, list[Change]]:
     hold = threading.Event()
     script = Script(answers, hold)
@@ -97,11 +97,7 @@ def run(
         informer.start()
         try:
             await asyncio.wait_for(informer.synced.wait(), 5)
-            for _ in range(500):
-                if until(seen):
-                    return
-                await asyncio.sleep(0.01)
-            raise AssertionError(f"not reached; seen {seen}")
+            await until(lambda: done(seen), lambda: f"seen {seen}")
         finally:
             informer.stop()
             hold.set()
@@ -280,9 +276,10 @@ def test_a_broken_stream_says_so_until_retry_now_brings_it_back_fresh(
     assert watches[:2] == ["10", "10"]  # resumed from where it was, no listing again
 
 
-async def until(condition: Callable[[], bool]) -> None:
+async def until(condition: Callable[[], bool], state: Callable[[], str] = str) -> None:
+    """Poll `condition` in the loop (the informer's state changes there) for up to 5 s."""
     for _ in range(500):
         if condition():
             return
         await asyncio.sleep(0.01)
-    raise AssertionError("not reached")
+    raise AssertionError(f"not reached; {state()}")

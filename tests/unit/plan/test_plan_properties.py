@@ -396,7 +396,7 @@ class World:
     lease: dict[str, Any] | None
     logs: dict[str, str]
     now: datetime
-    api_reachable_since: datetime | None
+    heartbeats_seen_since: datetime | None
 
 
 TAINTS = [
@@ -965,7 +965,7 @@ world_parts = st.fixed_dictionaries(
         ),
         "lease": optional(lease_parts),
         "now": st.integers(0, 3 * 86400).map(lambda s: T0 + timedelta(seconds=s)),
-        "api_reachable_since": optional(moments),
+        "heartbeats_seen_since": optional(moments),
     }
 )
 
@@ -997,7 +997,7 @@ def world_of(parts: Mapping[str, Any]) -> World:
         logs[pod["metadata"]["name"]] = p["log"]
     lease = raw_lease(parts["lease"], attempt) if parts["lease"] is not None else None
     return World(
-        body, list(pods.values()), nodes, lease, logs, parts["now"], parts["api_reachable_since"]
+        body, list(pods.values()), nodes, lease, logs, parts["now"], parts["heartbeats_seen_since"]
     )
 
 
@@ -1014,7 +1014,9 @@ def observed(world: World, body: dict[str, Any]) -> Observed:
         for name, _ in tails_to_read(seen)
     ]
     return replace(
-        with_tails(seen, tails), tpu_short_since={}, api_reachable_since=world.api_reachable_since
+        with_tails(seen, tails),
+        tpu_short_since={},
+        heartbeats_seen_since=world.heartbeats_seen_since,
     )
 
 

@@ -19,7 +19,7 @@ def stalled_at(now: float, *, reachable_since: datetime | None, stepped: bool = 
     )
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
     beat = lease(renewed=10, step=40 if stepped else None, attempt=1)
-    obs = replace(observed(job, pods, heartbeat=beat), api_reachable_since=reachable_since)
+    obs = replace(observed(job, pods, heartbeat=beat), heartbeats_seen_since=reachable_since)
     return plan(obs, now=at(now)).status.attempt == 2
 
 
