@@ -1,4 +1,4 @@
-"""Goodput under faults: tpujob against JobSet's restart-all, the real CPU JAX trainer on 2 slices.
+"""Goodput under faults: tpujob and JobSet's restart modes, the real CPU JAX trainer on 2 slices.
 
 One local cluster (`tpujob local up`: three two-host tpu-v4-podslice 2x2x2 pools, so one spare)
 runs, one after the other, each in its own namespace and checkpoint folder:
@@ -11,19 +11,32 @@ runs, one after the other, each in its own namespace and checkpoint folder:
 * `jobset`: the same trainer, the same pod (the one tpujob renders, less the operator's
   heartbeat Lease) in a JobSet of 2 replicated Jobs of 2 Indexed pods, placed one Job per pool
   (`alpha.jobset.sigs.k8s.io/exclusive-topology`), restarted whole on any failure
-  (`backoffLimit: 0`, `failurePolicy.maxRestarts`), with the same faults.
+  (`backoffLimit: 0`, `failurePolicy.maxRestarts`), with the same faults;
+* `jobset-restartjob`: the same JobSet with one failure-policy rule, `action: RestartJob`
+  (JobSet v0.12, alpha gate `RestartJob`): only the failed child Job is recreated;
+* `jobset-inplace`: the same JobSet with `restartStrategy: InPlaceRestart` (v0.12, alpha gate
+  `InPlaceRestart`): each pod's container is JobSet's in-place restart agent, which runs the
+  trainer (its main-container mode); a failed container is restarted by the node, and every
+  other pod's agent exits so that its container restarts too, the pods kept; the agents start
+  the trainers again once all pods reached the same attempt.
 
-The faults alternate, starting with a worker killed (SIGKILL to the trainer process), then a node
-down (the host's processes die and its network is cut, `tpujob local fault node-down`), repaired
-`--repair-after` seconds later as GKE's auto-repair returns a node: up, without the bad-node
-taint the operator put on it. Which worker or whose node is drawn from `--seed`, the same for
-both arms: the k-th fault hits the same (slice, worker) in each. A fault falls due on its
-schedule; while the arm has no running pod for that worker it waits for one.
+The faults alternate, starting with a worker killed (SIGKILL to the main process of the pod's
+container), then a node down (the host's processes die and its network is cut, `tpujob local
+fault node-down`), repaired `--repair-after` seconds later as GKE's auto-repair returns a node:
+up, without the bad-node taint the operator put on it. Which worker or whose node is drawn from
+`--seed`, the same for every arm: the k-th fault hits the same (slice, worker) in each. A fault
+falls due on its schedule; while the arm has no running pod for that worker it waits for one.
 
 Goodput of an arm = the last committed checkpoint step after `--minutes` (the newest complete
-orbax step folder) / the reference's; both arms are read the same way, from the files. The
-tpujob arm's own `status.goodput` is recorded beside it. Writes bench/results/goodput.json and
-goodput.png (committed step over time, the faults marked, and each arm's goodput).
+orbax step folder) / the reference's; every arm is read the same way, from the files. The
+tpujob arm's own `status.goodput` is recorded beside it. Each fault's lost seconds are cut
+from the trainers' log lines and a watch of the arm's pods (`lost_seconds.py`,
+`fault_timeline.py`): detection, restart, start-up, restore, first step, steps done again.
+Beside them the limit, measured on the same machine after the runs: one trainer process started
+on a copy of the reference's checkpoint folder, to its first step (`bench_in_place.limit_run`).
+With `--runs N` every arm runs N times (arms interleaved) and the summary gives medians.
+Writes bench/results/goodput.json and goodput.png (committed step over time, the faults
+marked; each arm's goodput; the lost seconds per fault kind).
 
     python bench/bench_goodput.py                       # 10 minutes per arm, a fault every 120 s
     python bench/bench_goodput.py --minutes 3 --fault-every 60 --out /tmp/goodput.json
@@ -50,22 +63,34 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "bench")]
 
+from bench_in_place import limit_run  # noqa: E402
 from bench_recovery import heal_all, repair_node, until  # noqa: E402
+from fault_timeline import PodWatch, trainer_lines  # noqa: E402
+from goodput_report import median, plot, summarize  # noqa: E402
+from goodput_workloads import (  # noqa: E402
+    COMPLETION_INDEX,
+    HOSTS,
+    JOB_INDEX,
+    JOBSET_MODES,
+    POOLS,
+    SLICES,
+    TRAINER_ARGS,
+    TRAINER_OPTIONS,
+    agent_role,
+    job_manifest,
+    jobset_manifest,
+)
 from kubernetes import client, config  # noqa: E402
+from lost_seconds import breakdown, seconds_per_step  # noqa: E402
 from scale import peers  # noqa: E402
 
-from tpujob.api import GROUP, PLURAL, VERSION, contract, labels, parse_job  # noqa: E402
+from tpujob.api import GROUP, PLURAL, VERSION, contract, labels  # noqa: E402
 from tpujob.local import controlplane, faults  # noqa: E402
 from tpujob.local.binaries import binary_dir  # noqa: E402
-from tpujob.plan import manifests  # noqa: E402
 
-POOLS = controlplane.PoolOptions(
-    pools=3, accelerator="tpu-v4-podslice", topology="2x2x2", spare_nodes=1
-)
-SLICES, HOSTS = 2, 2
-TRAINER_ARGS = ["--steps", "10000000", "--step-time", "0.1", "--batch-size", "16"]
-JOB_INDEX = "jobset.sigs.k8s.io/job-index"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_GATES = {"RestartJob": True, "InPlaceRestart": True}
+# Pod annotations through which a controller (or JobSet's agent) orders a restart in place.
+ORDERS = (contract.POD_REJOIN_ANNOTATION, "jobset.sigs.k8s.io/in-place-restart-attempt")
 
 
 class Cluster:
@@ -85,7 +110,9 @@ class Cluster:
             self.kubectl(
                 "apply", "--server-side", "--force-conflicts", "-f", str(peers.jobset_crd())
             )
-            controller, hooks = peers.jobset(peers.peers_dir(), state_dir, self.kubeconfig, logs)
+            controller, hooks = peers.jobset(
+                peers.peers_dir(), state_dir, self.kubeconfig, logs, feature_gates=JOBSET_GATES
+            )
             self.procs.append(controller)
             time.sleep(5)  # its webhook server up before the API server is told to call it
             self.kubectl(
@@ -125,139 +152,6 @@ class Cluster:
         heal_all(self.core, self.state_dir)
 
 
-def job_manifest(namespace: str, checkpoints: Path, *, rejoin: bool = True) -> dict[str, Any]:
-    # With --no-rejoin the trainer does not run under its supervisor, and says so on its
-    # heartbeat: the operator then replaces every pod on every failure.
-    args = TRAINER_ARGS if rejoin else [*TRAINER_ARGS, "--no-rejoin"]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TPUTrainingJob",
-        "metadata": {"name": "run", "namespace": namespace},
-        "spec": {
-            "tpu": {"accelerator": POOLS.accelerator, "topology": POOLS.topology, "slices": SLICES},
-            "trainer": {
-                "image": "local",
-                "command": ["tpujob-trainer"],
-                "args": args,
-                "allowCpuFallback": True,
-            },
-            "checkpoint": {
-                "volume": {"hostPath": str(checkpoints)},
-                "intervalSteps": 20,
-                "keep": 2,
-            },
-            "recovery": {
-                "maxFailedNodes": SLICES * HOSTS // 2,
-                "maxHardRestarts": 100,
-                "maxSoftRestarts": 100,
-                "maxMediumRestarts": 100,
-            },
-        },
-    }
-
-
-def jobset_manifest(namespace: str, checkpoints: Path, max_restarts: int) -> dict[str, Any]:
-    """The pod tpujob renders for one worker, made generic: each pod works out its slice and
-    worker from JobSet's and the Job controller's indexes, as GKE's TPU webhook tells a JobSet
-    pod; the operator's heartbeat Lease and fencing are left out (nothing would renew or read
-    them), and so is the rejoin order file (no JobSet pod is kept in place)."""
-    job = parse_job(job_manifest(namespace, checkpoints, rejoin=False))
-    pod = manifests.trainer_pod(job, manifests.AttemptSettings(attempt=1, pools={}), 0, 0)
-    container = pod["spec"]["containers"][0]
-    per_host = {
-        "TPU_WORKER_ID",
-        "TPU_WORKER_HOSTNAMES",
-        "MEGASCALE_SLICE_ID",
-        "MEGASCALE_COORDINATOR_ADDRESS",
-        "JAX_COORDINATOR_ADDRESS",
-        "JAX_PROCESS_ID",
-        contract.ENV_HEARTBEAT_LEASE,
-        contract.ENV_JOB_UID,
-        contract.ENV_REJOIN_FILE,
-    }
-    env = [e for e in container["env"] if e["name"] not in per_host]
-    env += [
-        {
-            "name": "SLICE",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX}']"}},
-        },
-        {
-            "name": "WORKER",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}},
-        },
-    ]
-    host = "run-slice-{slice}-{worker}.run." + namespace + ".svc.cluster.local"
-    coordinator = host.format(slice=0, worker=0)
-    script = "; ".join(
-        [
-            "export TPU_WORKER_ID=$WORKER MEGASCALE_SLICE_ID=$SLICE",
-            f"export JAX_PROCESS_ID=$(( SLICE * {HOSTS} + WORKER ))",
-            "export TPU_WORKER_HOSTNAMES="
-            + ",".join(host.format(slice="$SLICE", worker=w) for w in range(HOSTS)),
-            f"export JAX_COORDINATOR_ADDRESS={coordinator}:{labels.JAX_COORDINATOR_PORT}",
-            f"export MEGASCALE_COORDINATOR_ADDRESS={coordinator}:{labels.MEGASCALE_PORT}",
-            'exec "$@"',
-        ]
-    )
-    container.update(
-        command=[
-            "sh",
-            "-c",
-            script,
-            "trainer",
-            *container.get("command", []),
-            *container.get("args", []),
-        ],
-        env=env,
-        volumeMounts=[m for m in container["volumeMounts"] if m["name"] != manifests.REJOIN_VOLUME],
-    )
-    pod["spec"]["volumes"] = [
-        v for v in pod["spec"]["volumes"] if v["name"] != manifests.REJOIN_VOLUME
-    ]
-    container.pop("args", None)
-    spec = {
-        k: v
-        for k, v in pod["spec"].items()
-        if k
-        not in (
-            "hostname",
-            "subdomain",
-            "affinity",
-            "serviceAccountName",
-            "automountServiceAccountToken",
-        )
-    }
-    spec["restartPolicy"] = "Never"
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {
-            "name": "run",
-            "namespace": namespace,
-            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": labels.NODEPOOL},
-        },
-        "spec": {
-            "failurePolicy": {"maxRestarts": max_restarts},
-            "network": {"enableDNSHostnames": True},
-            "replicatedJobs": [
-                {
-                    "name": "slice",
-                    "replicas": SLICES,
-                    "template": {
-                        "spec": {
-                            "parallelism": HOSTS,
-                            "completions": HOSTS,
-                            "completionMode": "Indexed",
-                            "backoffLimit": 0,
-                            "template": {"spec": spec},
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
 def committed_step(folder: Path) -> int:
     """The newest step orbax committed (a save cut short leaves a `*.orbax-checkpoint-tmp*`)."""
     steps = [int(p.name) for p in folder.glob("*") if p.is_dir() and p.name.isdigit()]
@@ -268,7 +162,7 @@ def worker_of(pod: client.V1Pod, arm: str) -> tuple[int, int] | None:
     """(slice, worker) of a trainer pod of either arm."""
     meta = pod.metadata
     try:
-        if arm == "jobset":
+        if arm in JOBSET_MODES:
             return int(meta.labels[JOB_INDEX]), int(meta.annotations[COMPLETION_INDEX])
         return int(meta.labels[labels.SLICE]), int(meta.labels[labels.WORKER])
     except (KeyError, TypeError, ValueError):
@@ -337,19 +231,56 @@ class Faults:
         return True
 
 
+def agent_access(cluster: Cluster, namespace: str) -> None:
+    """The Role JobSet's in-place restart agent needs, bound to the pods' service account."""
+    items = agent_role(namespace)
+    cluster.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+    )
+
+
+def lost_per_fault(
+    cluster: Cluster,
+    namespace: str,
+    faults_seen: list[dict[str, Any]],
+    reactions: PodWatch,
+    end: float,
+) -> tuple[list[dict[str, Any] | None], float | None]:
+    """Each fault's lost seconds (None: not recovered before the next fault or the end) and
+    the run's seconds per step."""
+    lines = trainer_lines(cluster.state_dir, namespace)
+    pace = seconds_per_step(lines)
+    out: list[dict[str, Any] | None] = []
+    for i, fault in enumerate(faults_seen):
+        until_t = faults_seen[i + 1]["at_wall"] if i + 1 < len(faults_seen) else end
+        lost = breakdown(
+            lines,
+            fault["at_wall"],
+            until_t,
+            SLICES * HOSTS,
+            pace or 0.0,
+            reaction_at=reactions.reaction_after(fault["at_wall"]),
+        )
+        out.append(None if lost is None else {"kind": fault["kind"], **lost.as_dict()})
+    return out, pace
+
+
 def run_arm(
-    cluster: Cluster, arm: str, a: argparse.Namespace, schedule: Faults | None
+    cluster: Cluster, arm: str, a: argparse.Namespace, schedule: Faults | None, run: int = 0
 ) -> dict[str, Any]:
-    namespace = cluster.namespace(f"goodput-{arm}")
-    folder = cluster.checkpoints / arm
+    namespace = cluster.namespace(f"goodput-{arm}-{run}")
+    folder = cluster.checkpoints / f"{arm}-{run}"
     folder.mkdir()
-    if arm == "jobset":
+    reactions = PodWatch(cluster.core, namespace, annotations=ORDERS)
+    if arm in JOBSET_MODES:
+        if arm == "jobset-inplace":
+            agent_access(cluster, namespace)
         cluster.custom.create_namespaced_custom_object(
             "jobset.x-k8s.io",
             "v1alpha2",
             namespace,
             "jobsets",
-            jobset_manifest(namespace, folder, max_restarts=100),
+            jobset_manifest(namespace, folder, max_restarts=100, arm=arm),
         )
     else:
         cluster.custom.create_namespaced_custom_object(
@@ -380,21 +311,33 @@ def run_arm(
             )
         ):
             injected[-1]["at_s"] = round(now - start, 1)
+            injected[-1]["at_wall"] = time.time()
             k, due = k + 1, due + a.fault_every
         time.sleep(0.5)
     step = committed_step(folder)
     steps.append((round(time.monotonic() - start, 1), step))
+    lost, pace = lost_per_fault(cluster, namespace, injected, reactions, time.time())
+    reactions.close()
     result: dict[str, Any] = {
         "committed_step": step,
         "startup_s": round(start - created, 1),
         "faults": injected,
+        "lost": lost,
+        "seconds_per_step": None if pace is None else round(pace, 4),
         "committed_over_time": steps,
     }
-    if arm == "jobset":
+    if arm in JOBSET_MODES:
         js = cluster.custom.get_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "run"
         )
-        result["restarts"] = (js.get("status") or {}).get("restarts", 0)
+        js_status = js.get("status") or {}
+        # Whole restarts, child Jobs recreated alone (RestartJob), in-place attempts.
+        result["restarts"] = js_status.get("restarts", 0)
+        result["job_restarts"] = sum(
+            sum(r.get("jobRestarts") or []) for r in js_status.get("replicatedJobsStatus") or []
+        )
+        result["in_place_attempt"] = js_status.get("currentInPlaceRestartAttempt")
+        result["terminal_state"] = js_status.get("terminalState")
         cluster.custom.delete_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "run"
         )
@@ -414,61 +357,6 @@ def run_arm(
     cluster.core.delete_namespace(namespace)
     until(lambda: not cluster.core.list_namespaced_pod(namespace).items, 180, interval=1)
     return result
-
-
-COLORS = {
-    "reference": "0.6",
-    "tpujob": "tab:blue",
-    "tpujob-full": "tab:cyan",
-    "jobset": "tab:orange",
-}
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Committed step over time per arm (when recorded) and each arm's goodput, the faults
-    marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    arms = report["arms"]
-    for arm, result in arms.items():
-        series = result.get("committed_over_time") or []
-        if series:
-            left.plot(
-                [t for t, _ in series], [s for _, s in series], color=COLORS.get(arm), label=arm
-            )
-        for fault in result.get("faults") or []:
-            left.axvline(
-                fault["at_s"],
-                color=COLORS.get(arm),
-                alpha=0.3,
-                linestyle="-" if fault["kind"] == "kill" else "--",
-            )
-    left.set(
-        xlabel="seconds since the first committed step",
-        ylabel="committed step",
-        title="checkpoints (faults: kill solid, node down dashed)",
-    )
-    if any(r.get("committed_over_time") for r in arms.values()):
-        left.legend()
-    else:
-        left.text(0.5, 0.5, "no time series in this run", ha="center", transform=left.transAxes)
-    names = list(arms)
-    right.bar(
-        names, [arms[n].get("goodput") or 0 for n in names], color=[COLORS.get(n) for n in names]
-    )
-    right.set(
-        ylabel="committed step / reference's",
-        ylim=(0, 1.1),
-        title=f"goodput after {report['minutes']:g} min, a fault every "
-        f"{report['fault_every_s']:g} s",
-    )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def parse_or_replot(
@@ -506,7 +394,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=10.0)
     add_fault_arguments(p)
-    p.add_argument("--arms", nargs="+", default=["reference", "tpujob", "tpujob-full", "jobset"])
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=["reference", "tpujob", "jobset", "jobset-restartjob", "jobset-inplace"],
+        choices=["reference", "tpujob", "tpujob-full", *JOBSET_MODES],
+    )
+    p.add_argument("--runs", type=int, default=1, help="runs per arm, the arms interleaved")
+    p.add_argument("--limit-runs", type=int, default=3, help="measurements of the limit")
     a = parse_or_replot(p, "goodput.json", plot)
     if a is None:
         return 0
@@ -522,23 +417,41 @@ def main() -> int:
         "slices": SLICES,
         "hosts_per_slice": HOSTS,
         "trainer_args": TRAINER_ARGS,
+        "jobset_version": peers.JOBSET_VERSION,
+        "runs": [],
         "arms": {},
     }
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="tpujob-goodput-cluster-")))
     try:
-        for arm in a.arms:
-            print(f"== {arm}", file=sys.stderr, flush=True)
-            report["arms"][arm] = run_arm(cluster, arm, a, None if arm == "reference" else schedule)
-            print(json.dumps(report["arms"][arm]), file=sys.stderr, flush=True)
+        for run in range(a.runs):
+            results: dict[str, Any] = {}
+            report["runs"].append(results)
+            for arm in a.arms:
+                print(f"== {arm} (run {run + 1} of {a.runs})", file=sys.stderr, flush=True)
+                result = run_arm(cluster, arm, a, None if arm == "reference" else schedule, run)
+                results[arm] = result
+                print(
+                    json.dumps({k: v for k, v in result.items() if k != "committed_over_time"}),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            reference = results.get("reference", {}).get("committed_step")
+            for result in results.values():
+                if reference:
+                    result["goodput"] = round(result["committed_step"] / reference, 3)
+            a.out.write_text(json.dumps(report, indent=2) + "\n")  # each run kept as it ends
+        # The limit: one trainer process started on a copy of a fault-free run's checkpoints.
+        first = "reference" if "reference" in a.arms else a.arms[0]
+        folder = cluster.checkpoints / f"{first}-0"
+        limits = [limit_run(folder, 10_000_000, TRAINER_OPTIONS) for _ in range(a.limit_runs)]
+        report["limit_runs_s"] = limits
+        report["limit_s"] = median(limits)
     finally:
         cluster.close()
-    reference = report["arms"].get("reference", {}).get("committed_step")
-    if reference:
-        for result in report["arms"].values():
-            result["goodput"] = round(result["committed_step"] / reference, 3)
+    report["arms"] = {arm: summarize(report["runs"], arm) for arm in a.arms}
     a.out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, a.out.with_suffix(".png"))
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report["arms"], indent=2))
     return 0
 
 

@@ -77,8 +77,11 @@ def one_run(bench: Bench, fault: str, arm: str, i: int) -> dict[str, Any]:
     return result
 
 
-def limit_run(checkpoints: Path) -> float:
-    """Seconds from a trainer process's start to its first step, resumed from `checkpoints`."""
+def limit_run(
+    checkpoints: Path, steps: int = STEPS + 5, args: tuple[str, ...] = ("--batch-size", "16")
+) -> float:
+    """Seconds from a trainer process's start to its first step, resumed from `checkpoints`
+    (the trainer run with `args` for `steps` steps, past the checkpoint's)."""
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "ckpt"
         subprocess.run(["cp", "-a", str(checkpoints), str(copy)], check=True)
@@ -94,10 +97,9 @@ def limit_run(checkpoints: Path) -> float:
                 sys.executable,
                 "-m",
                 "tpujob_trainer",
+                *args,
                 "--steps",
-                str(STEPS + 5),
-                "--batch-size",
-                "16",
+                str(steps),
                 "--log-every",
                 "1",
                 "--checkpoint-dir",

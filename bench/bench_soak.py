@@ -51,17 +51,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "bench")]
 
-from bench_goodput import (  # noqa: E402
-    HOSTS,
-    POOLS,
-    TRAINER_ARGS,
-    Cluster,
-    Faults,
-    add_fault_arguments,
-    committed_step,
-    job_manifest,
-    parse_or_replot,
-)
+from bench_goodput import Cluster, Faults, add_fault_arguments, committed_step, parse_or_replot  # noqa: E402
+from goodput_workloads import HOSTS, POOLS, TRAINER_ARGS, job_manifest  # noqa: E402
 from kubernetes import client  # noqa: E402
 from scale import measure  # noqa: E402
 

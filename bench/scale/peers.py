@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,7 +32,7 @@ JOBSET_VERSION = next(
     if line.startswith("require sigs.k8s.io/jobset")
 )
 OPERATOR_ARGS = ("--metrics-port", "0", "--liveness-port", "0")
-JOBSET_QPS = 500  # v0.10.1's defaults, written out so the result records them
+JOBSET_QPS = 500  # v0.10.1's and v0.12.0's defaults, written out so the result records them
 KUEUE_QPS = 300  # v0.19.2's default client rate, written out likewise
 
 
@@ -196,9 +197,15 @@ def jobset_crd() -> Path:
 
 
 def jobset(
-    bin_dir: Path, state_dir: Path, kubeconfig: Path, log_dir: Path
+    bin_dir: Path,
+    state_dir: Path,
+    kubeconfig: Path,
+    log_dir: Path,
+    *,
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> tuple[Process, list[dict[str, Any]]]:
-    """Start JobSet; returns it and the webhook registrations to apply once it is ready."""
+    """Start JobSet (its alpha `feature_gates` on, from its configuration file: v0.12 has no
+    flag for them); returns it and the webhook registrations to apply once it is ready."""
     work = state_dir / "jobset"
     certs = work / "certs"
     certs.mkdir(parents=True, exist_ok=True)
@@ -223,6 +230,8 @@ def jobset(
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
         "clientConnection": {"qps": JOBSET_QPS, "burst": JOBSET_QPS},
     }
+    if feature_gates:
+        config["featureGates"] = dict(feature_gates)
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     proc = Process(
         "jobset",
