@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -78,10 +79,14 @@ def one_run(bench: Bench, fault: str, arm: str, i: int) -> dict[str, Any]:
 
 
 def limit_run(
-    checkpoints: Path, steps: int = STEPS + 5, args: tuple[str, ...] = ("--batch-size", "16")
+    checkpoints: Path,
+    steps: int = STEPS + 5,
+    args: tuple[str, ...] = ("--batch-size", "16"),
+    processes: int = 1,
 ) -> float:
-    """Seconds from a trainer process's start to its first step, resumed from `checkpoints`
-    (the trainer run with `args` for `steps` steps, past the checkpoint's)."""
+    """Seconds from the start of `processes` trainer processes (one JAX world on this machine,
+    its coordinator on loopback) to the first step, resumed from a copy of `checkpoints` (the
+    trainer run with `args` for `steps` steps, past the checkpoint's)."""
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "ckpt"
         subprocess.run(["cp", "-a", str(checkpoints), str(copy)], check=True)
@@ -91,35 +96,50 @@ def limit_run(
             "PYTHONPATH": str(ROOT / "trainer_image"),
             contract.ENV_JAX_COMPILATION_CACHE_DIR: str(copy / contract.COMPILATION_CACHE_FOLDER),
         }
+        if processes > 1:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            env.update(
+                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes)
+            )
+        argv = [
+            sys.executable,
+            "-m",
+            "tpujob_trainer",
+            *args,
+            "--steps",
+            str(steps),
+            "--log-every",
+            "1",
+            "--checkpoint-dir",
+            str(copy),
+            "--no-rejoin",
+        ]
         start = time.monotonic()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tpujob_trainer",
-                *args,
-                "--steps",
-                str(steps),
-                "--log-every",
-                "1",
-                "--checkpoint-dir",
-                str(copy),
-                "--no-rejoin",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if FIRST_STEP.search(line):
-                elapsed = time.monotonic() - start
-                break
-        else:
-            raise RuntimeError("the trainer ended before its first step")
-        proc.kill()
-        proc.wait()
+        # Process 0 is read; the others write nowhere (a full pipe would stall them).
+        procs = [
+            subprocess.Popen(
+                argv,
+                env={**env, "JAX_PROCESS_ID": str(i)} if processes > 1 else env,
+                stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(processes)
+        ]
+        try:
+            assert procs[0].stdout is not None
+            for line in procs[0].stdout:
+                if FIRST_STEP.search(line):
+                    elapsed = time.monotonic() - start
+                    break
+            else:
+                raise RuntimeError("the trainer ended before its first step")
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
     return round(elapsed, 2)
 
 
