@@ -26,7 +26,7 @@ def summarize(runs: list[dict[str, Any]], arm: str) -> dict[str, Any]:
         missed = sum(
             1
             for r in results
-            for f, x in zip(r.get("faults") or [], r.get("lost") or [], strict=False)
+            for f, x in zip(r.get("faults") or [], r.get("lost") or [], strict=True)
             if x is None and f["kind"] == kind
         )
         lost[kind] = {
