@@ -20,12 +20,15 @@ runs, one after the other, each in its own namespace and checkpoint folder:
   other pod's agent exits so that its container restarts too, the pods kept; the agents start
   the trainers again once all pods reached the same attempt.
 
-The faults alternate, starting with a worker killed (SIGKILL to the main process of the pod's
-container), then a node down (the host's processes die and its network is cut, `tpujob local
-fault node-down`), repaired `--repair-after` seconds later as GKE's auto-repair returns a node:
-up, without the bad-node taint the operator put on it. Which worker or whose node is drawn from
-`--seed`, the same for every arm: the k-th fault hits the same (slice, worker) in each. A fault
-falls due on its schedule; while the arm has no running pod for that worker it waits for one.
+The faults alternate, starting with a worker killed (SIGKILL to its training process, as a crash
+or the kernel's OOM killer ends it: the deepest process of the pod's container, which is the
+container's main process where nothing supervises it; `--kill container` signals the main
+process instead, and so a supervisor or agent with it), then a node down (the host's processes
+die and its network is cut, `tpujob local fault node-down`), repaired `--repair-after` seconds
+later as GKE's auto-repair returns a node: up, without the bad-node taint the operator put on
+it. Which worker or whose node is drawn from `--seed`, the same for every arm: the k-th fault
+hits the same (slice, worker) in each. A fault falls due on its schedule; while the arm has no
+running pod for that worker it waits for one.
 
 Goodput of an arm = the last committed checkpoint step after `--minutes` (the newest complete
 orbax step folder) / the reference's; every arm is read the same way, from the files. The
@@ -176,9 +179,12 @@ class Faults:
     """The seeded schedule: the k-th fault is the same kind on the same (slice, worker) for
     every arm."""
 
-    def __init__(self, seed: int, count: int, slices: int = SLICES) -> None:
+    def __init__(
+        self, seed: int, count: int, slices: int = SLICES, *, kill: str = "process"
+    ) -> None:
         rng = random.Random(seed)
         self.targets = [(rng.randrange(slices), rng.randrange(HOSTS)) for _ in range(count)]
+        self.kill = kill
         self.repairs: list[threading.Timer] = []
 
     def cancel_repairs(self) -> None:
@@ -212,7 +218,9 @@ class Faults:
         kind = "kill" if k % 2 == 0 else "node-down"
         if kind == "kill":
             faults.kill_pod(
-                cluster.state_dir, faults.find_pod(cluster.state_dir, pod.metadata.name, namespace)
+                cluster.state_dir,
+                faults.find_pod(cluster.state_dir, pod.metadata.name, namespace),
+                leaf=self.kill == "process",
             )
         else:
             node = pod.spec.node_name
@@ -391,6 +399,14 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a downed node stays down (then it comes back, as repaired)",
     )
     p.add_argument("--seed", type=int, default=2026)
+    p.add_argument(
+        "--kill",
+        choices=["process", "container"],
+        default="process",
+        help="what a worker kill signals: the training process (the deepest process of the "
+        "pod's container: under a supervisor or agent, its child), or the container's main "
+        "process",
+    )
 
 
 def main() -> int:
@@ -409,7 +425,7 @@ def main() -> int:
     if a is None:
         return 0
     count = int(a.minutes * 60 // a.fault_every)
-    schedule = Faults(a.seed, count)
+    schedule = Faults(a.seed, count, kill=a.kill)
     command = "python bench/bench_goodput.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     report: dict[str, Any] = {
         "command": command.strip(),
@@ -417,6 +433,7 @@ def main() -> int:
         "fault_every_s": a.fault_every,
         "repair_after_s": a.repair_after,
         "seed": a.seed,
+        "kill": a.kill,
         "slices": SLICES,
         "hosts_per_slice": HOSTS,
         "trainer_args": TRAINER_ARGS,

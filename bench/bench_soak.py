@@ -285,7 +285,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def soak(cluster: Cluster, a: argparse.Namespace) -> dict[str, Any]:
     """Run the slots for `--minutes`, injecting the faults; then the report's measured parts."""
     count = int(a.minutes * 60 // a.fault_every)
-    schedule = Faults(a.seed, count, slices=1)
+    schedule = Faults(a.seed, count, slices=1, kill=a.kill)
     slot_draws = random.Random(a.seed)
     fault_slots = [slot_draws.randrange(a.jobs) for _ in range(count)]
     pid = cluster.procs[0].pid  # peers.operator: the operator's own Python process
@@ -395,6 +395,7 @@ def main() -> int:
         "sample_every_s": a.sample_every,
         "recover_within_s": a.recover_within,
         "seed": a.seed,
+        "kill": a.kill,
         "warmup_fraction": WARMUP,
         "pools": dataclasses.asdict(pools),
         "hosts_per_job": HOSTS,

@@ -61,6 +61,12 @@ def register(subparsers: Any) -> None:
     kill.add_argument("pod")
     kill.add_argument("-n", "--namespace", default=None)
     kill.add_argument("--signal", default="KILL", help="signal name (default: KILL)")
+    kill.add_argument(
+        "--leaf",
+        action="store_true",
+        help="signal the deepest process under the container's main one (the training "
+        "process under a supervisor) instead of the main process",
+    )
     kill.set_defaults(handler=_kill)
     for name, text in (
         ("node-down", "stop a node's heartbeats and kill its pods"),
@@ -163,8 +169,9 @@ def _kill(args: argparse.Namespace) -> int:
     except KeyError as err:
         raise ComponentError(f"unknown signal {args.signal}") from err
     pod = faults.find_pod(args.state_dir.resolve(), args.pod, args.namespace)
-    faults.kill_pod(args.state_dir.resolve(), pod, sig)
-    print(f"sent SIG{name} to {pod.namespace}/{pod.name}")
+    faults.kill_pod(args.state_dir.resolve(), pod, sig, leaf=args.leaf)
+    which = "the deepest process of " if args.leaf else ""
+    print(f"sent SIG{name} to {which}{pod.namespace}/{pod.name}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """`tpujob local fault ...`: real faults, seen by the control plane as a GKE cluster sees them.
 
-* kill POD: a signal to the container's process (the process really dies).
+* kill POD: a signal to the container's process (the process really dies); with `--leaf`, to
+  the deepest process under it instead: the training process where the container's main
+  process is a supervisor or agent that runs it as a child (a trainer's crash, an OOM kill).
 * node-down / node-up NODE: the agent stops (or resumes) the node's heartbeats; its pods'
   processes die and their network is cut, as when a host crashes or loses its cable. node-up
   also ends the faults below that leave the processes running.
@@ -72,18 +74,42 @@ def find_pod(state_dir: Path, name: str, namespace: str | None = None) -> PodRec
     return max(matches, key=lambda m: m[0])[1]
 
 
-def kill_pod(state_dir: Path, pod: PodRecord, sig: int = signal.SIGKILL) -> int:
-    """Signal the main process of every running container of `pod`; returns how many."""
+def kill_pod(
+    state_dir: Path, pod: PodRecord, sig: int = signal.SIGKILL, *, leaf: bool = False
+) -> int:
+    """Signal the main process of every running container of `pod` (with `leaf`, the deepest
+    process under it); returns how many."""
     count = 0
     for pid_file in pod.directory.glob("containers/*/pid"):
         data = json.loads(pid_file.read_text())
         if process_start_time(int(data["pid"])) != data.get("start"):
             continue
-        os.kill(container_main_pid(int(data["pid"])), sig)
+        main = container_main_pid(int(data["pid"]))
+        os.kill(deepest_descendant(main) if leaf else main, sig)
         count += 1
     if count == 0:
         raise ComponentError(f"pod {pod.namespace}/{pod.name} has no running process")
     return count
+
+
+def deepest_descendant(pid: int, proc: Path = Path("/proc")) -> int:
+    """The process furthest below `pid` in its process tree (`pid` itself when it has no
+    child); of several at that depth, the one with the highest pid. A supervisor's or agent's
+    training process is its only child, so this is the process that trains."""
+    best, level = pid, [pid]
+    while level := [child for parent in level for child in _children(proc, parent)]:
+        best = max(level)
+    return best
+
+
+def _children(proc: Path, pid: int) -> list[int]:
+    children: list[int] = []
+    for task in (proc / str(pid) / "task").glob("*/children"):
+        try:
+            children.extend(int(c) for c in task.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return children
 
 
 def set_node_fault(state_dir: Path, node: str, **changes: bool) -> None:
