@@ -5,7 +5,8 @@ framework, and an operator started with `--kueue` serves this module's namespace
 ClusterQueue's quota is one slice's chips, so one job runs at a time: jobs are admitted by
 priority, a higher-priority job preempts a running one, which saves, requeues and resumes from
 its checkpoint, and every job's quota is released when it ends. A job naming no queue runs as
-it always did.
+it always did. With two slices' quota and two jobs of one priority running, the one that saved
+last is the one preempted (the operator's priority boost, a point per 4 s of work at risk here).
 """
 
 from __future__ import annotations
@@ -32,19 +33,21 @@ from tests.e2e.test_operator_recovery import Run, timeline_kinds, training_job
 
 from tpujob.api import labels
 from tpujob.local import kueue as local_kueue
+from tpujob.observed.admission import PRIORITY_BOOST
 from tpujob.plan.queueing import KUEUE_GROUP, KUEUE_VERSION, PRIORITY_CLASS_LABEL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.long]
 
 PREFIX = "queued"
 CHIPS_PER_SLICE = 8  # two hosts of four chips: the test pools' slice
+BOOST_SECONDS = 4  # a point of priority boost per this much work at risk (a minute by default)
 
 
 def _args() -> tuple[str, ...]:
     args = list(OPERATOR_ARGS)
     args[args.index("--namespace") + 1] = f"{PREFIX}-*"
     args[args.index("--ledger-namespace") + 1] = f"{PREFIX}-operator-home"
-    return (*args, "--kueue")
+    return (*args, "--kueue", "--preemption-boost-seconds", str(BOOST_SECONDS))
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +130,15 @@ def queued_operator(
 
 
 class Queue:
-    """A namespace with a LocalQueue on a ClusterQueue of its own (one slice's chips)."""
+    """A namespace with a LocalQueue on a ClusterQueue of its own (`slices` slices' chips)."""
 
     def __init__(
-        self, cluster: LocalCluster, *, preemption: bool, admission_check: str | None = None
+        self,
+        cluster: LocalCluster,
+        *,
+        preemption: bool,
+        admission_check: str | None = None,
+        slices: int = 1,
     ) -> None:
         self.cluster = cluster
         api = cluster.api_client()
@@ -148,7 +156,10 @@ class Queue:
                         {
                             "name": "tpu-v4-2x2x2",
                             "resources": [
-                                {"name": labels.TPU_RESOURCE, "nominalQuota": CHIPS_PER_SLICE}
+                                {
+                                    "name": labels.TPU_RESOURCE,
+                                    "nominalQuota": CHIPS_PER_SLICE * slices,
+                                }
                             ],
                         }
                     ],
@@ -240,6 +251,15 @@ def _exists(core: client.CoreV1Api, namespace: str) -> bool:
 @pytest.fixture
 def preempting_queue(cluster: LocalCluster, kueue: local_kueue.Kueue) -> Iterator[Queue]:
     queue = Queue(cluster, preemption=True)
+    try:
+        yield queue
+    finally:
+        queue.close()
+
+
+@pytest.fixture
+def two_slice_queue(cluster: LocalCluster, kueue: local_kueue.Kueue) -> Iterator[Queue]:
+    queue = Queue(cluster, preemption=True, slices=2)
     try:
         yield queue
     finally:
@@ -349,6 +369,52 @@ def test_a_higher_priority_job_preempts_one_that_saves_requeues_and_resumes_from
         )
     ]
     assert len(finished_workloads) == 2
+
+
+def _boost_of(queue: Queue, job: str) -> int | None:
+    for w in queue.workloads():
+        if w["metadata"].get("labels", {}).get(labels.JOB) == job:
+            value = (w["metadata"].get("annotations") or {}).get(PRIORITY_BOOST)
+            return None if value is None else int(value)
+    return None
+
+
+def test_of_two_jobs_of_one_priority_the_one_that_saved_last_is_preempted(
+    two_slice_queue: Queue, queued_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """`saved` commits a checkpoint every 2 steps; `unsaved` commits none, so a preemption
+    would throw away all it did. `unsaved` is admitted after `saved`, so Kueue's own order
+    among equals (the most recently admitted first) would preempt it: the operator's boost
+    turns that round."""
+    queue = two_slice_queue
+    saved_body = training_job("saved", tmp_path / "saved", steps=3000, step_time=0.2)
+    saved_body["spec"]["checkpoint"]["intervalSteps"] = 2
+    saved = queue.submit(queued_operator, saved_body, priority="low")
+    saved.wait_training(step=5)
+    unsaved_body = training_job("unsaved", tmp_path / "unsaved", steps=3000, step_time=0.2)
+    unsaved_body["spec"]["checkpoint"]["intervalSteps"] = 3000
+    unsaved = queue.submit(queued_operator, unsaved_body, priority="low")
+    unsaved.wait_training(step=5)
+    # A commit lags its step by a moment, so `saved` may show a point or so of its own.
+    wait_for(
+        lambda: (
+            (saved_boost := _boost_of(queue, "saved")) is not None
+            and (_boost_of(queue, "unsaved") or 0) >= saved_boost + 2
+        ),
+        timeout=120,
+        what="the unsaved job's boost two points above the saved one's",
+    )
+    high = queue.submit(
+        queued_operator, training_job("high", tmp_path / "high", steps=10), priority="high"
+    )
+    evicted = saved.wait(
+        lambda s: (s.get("queue") or {}).get("evictions") == 1, "the saved job preempted"
+    )
+    assert "Preempted" in evicted["queue"]["lastEviction"]
+    high.wait(_admitted, "the high job admitted")
+    still = unsaved.status()
+    assert (still.get("queue") or {}).get("evictions", 0) == 0, still.get("queue")
+    assert still["phase"] == "Running" and still["attempt"] == 1
 
 
 def test_jobs_are_admitted_by_priority_and_a_job_naming_no_queue_is_untouched(

@@ -29,6 +29,17 @@ def liveness_url(address: str, port: int) -> str | None:
     return f"http://{host}:{port}/healthz"
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: seconds above zero (a divisor somewhere downstream)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, not {text}")
+    return value
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("operator", help="run the TPUTrainingJob operator")
     scope = p.add_mutually_exclusive_group()
@@ -202,6 +213,14 @@ def register(subparsers: Any) -> None:
         "and TPUTrainingJob.v1alpha1.tpujob.dev in Kueue's integrations.externalFrameworks",
     )
     p.add_argument(
+        "--preemption-boost-seconds",
+        type=positive_seconds,
+        default=60.0,
+        help="with --kueue: seconds of work a preemption would lose (steps since the last "
+        "committed checkpoint) per point of a running job's Kueue priority boost, at most 10 "
+        "points",
+    )
+    p.add_argument(
         "--priority",
         type=int,
         default=None,
@@ -250,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         trusted_namespaces=tuple(args.trust_job_history),
         slice_restarts=args.slice_restarts,
+        preemption_boost_seconds=args.preemption_boost_seconds,
         host_path_prefixes=None
         if args.host_path_prefixes is None
         else tuple(p for p in args.host_path_prefixes.split(",") if p),

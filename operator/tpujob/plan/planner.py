@@ -88,7 +88,7 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
     else:
         _reconcile_attempt(obs, draft, settings)
     mark_blamed_nodes(obs, draft, settings)
-    queueing.sync_workload(obs, draft)
+    queueing.sync_workload(obs, draft, boost_seconds=settings.preemption_boost_seconds)
     if job.status.phase is Phase.RUNNING and draft.status.phase is Phase.RUNNING:
         # Last: whether the job is in motion depends on every effect planned above.
         pace(obs, draft, settings)

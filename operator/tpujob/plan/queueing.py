@@ -66,8 +66,8 @@ PRIORITY_CLASS_LABEL = f"{KUEUE_GROUP}/priority-class"
 # The kinds of class a Workload's priority comes from.
 WORKLOAD_PRIORITY_CLASS = "WorkloadPriorityClass"
 POD_PRIORITY_CLASS = "PriorityClass"
-# The checkpoint-aware priority boost (`_boost`): a point per minute of work at risk, at most 10.
-BOOST_SECONDS = 60.0
+# The checkpoint-aware priority boost (`_boost`): a point per `preemption_boost_seconds` of work
+# at risk (the operator's setting, a minute by default), at most this.
 MAX_BOOST = 10
 # Kueue's limit on pod sets per Workload; a job with more slices is one pod set of them all.
 MAX_POD_SETS = 8
@@ -288,7 +288,7 @@ def _waited(before: QueueStatus, job: TPUTrainingJob, now: datetime) -> float:
     return max(0.0, (now - max(before.waiting_since, start)).total_seconds())
 
 
-def sync_workload(obs: Observed, draft: Draft) -> None:
+def sync_workload(obs: Observed, draft: Draft, *, boost_seconds: float) -> None:
     """What the job's Workload must be told, as one write (`Draft.workload`)."""
     job = obs.job
     if not obs.queueing:
@@ -332,7 +332,7 @@ def sync_workload(obs: Observed, draft: Draft) -> None:
             changed.append(ready)
     changed = [c for c in changed if not _same(conditions.get(c.type), c)]
     active = not job.spec.suspend
-    annotations = _boost(obs, draft, wl)
+    annotations = _boost(obs, draft, wl, boost_seconds)
     if not changed and not clear and wl.active == active and annotations is None:
         return
     merged = {**conditions, **{c.type: c for c in changed}}
@@ -362,9 +362,11 @@ def work_at_risk(obs: Observed, draft: Draft) -> float | None:
     return max(0, beat.step - saved) / beat.steps_per_second
 
 
-def _boost(obs: Observed, draft: Draft, wl: WorkloadView) -> dict[str, str | None] | None:
+def _boost(
+    obs: Observed, draft: Draft, wl: WorkloadView, boost_seconds: float
+) -> dict[str, str | None] | None:
     """The checkpoint-aware priority boost, when it changes: a running job gains a point per
-    `BOOST_SECONDS` of work a preemption would lose (at most `MAX_BOOST`, so a boost never
+    `boost_seconds` of work a preemption would lose (at most `MAX_BOOST`, so a boost never
     lifts a job past a priority class set `MAX_BOOST` + 1 apart), so among jobs of one
     priority Kueue preempts the one that saved last first. A job not running has none."""
     risk = work_at_risk(obs, draft) if wl.admitted and wl.evicted is None else None
@@ -372,7 +374,7 @@ def _boost(obs: Observed, draft: Draft, wl: WorkloadView) -> dict[str, str | Non
         if wl.boost is None:
             return None
         return {PRIORITY_BOOST: None, WORK_SINCE_CHECKPOINT: None}
-    boost = min(MAX_BOOST, int(risk // BOOST_SECONDS))
+    boost = min(MAX_BOOST, int(risk // boost_seconds))
     if wl.boost == boost:
         return None
     return {PRIORITY_BOOST: str(boost), WORK_SINCE_CHECKPOINT: str(int(risk))}

@@ -132,6 +132,10 @@ class PlannerSettings:
     # chart's hostPathPrefixes); empty allows none. None: the operator was given no list and
     # leaves hostPath to the cluster's admission (the chart's policy) alone.
     host_path_prefixes: tuple[str, ...] | None = None
+    # Seconds of work a preemption would lose per point of Kueue priority boost on a running
+    # job's Workload (`tpujob.plan.queueing`): a site whose jobs save rarely may want coarser
+    # points, so the boost's cap is reached only by work that is really at risk.
+    preemption_boost_seconds: float = 60.0
 
     def trusts_history_of(self, namespace: str) -> bool:
         return any(fnmatchcase(namespace, pattern) for pattern in self.trusted_namespaces)

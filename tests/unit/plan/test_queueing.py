@@ -22,7 +22,7 @@ from tpujob.observed.views import Observed, heartbeat_view
 from tpujob.plan import queueing
 from tpujob.plan.placement import pools_of
 from tpujob.plan.planner import plan
-from tpujob.plan.result import Plan, WorkloadPriority
+from tpujob.plan.result import Plan, PlannerSettings, WorkloadPriority
 
 
 def queued_job(status: dict[str, Any] | None = None, **meta_labels: str) -> dict[str, Any]:
@@ -359,17 +359,24 @@ def beat(*, step: int, saved: int, rate: float = 1.0) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("step", "saved", "boost_before", "written"),
+    ("step", "saved", "boost_before", "unit", "written"),
     [
-        (130, 10, None, {PRIORITY_BOOST: "2", WORK_SINCE_CHECKPOINT: "120"}),
-        (130, 120, None, {PRIORITY_BOOST: "0", WORK_SINCE_CHECKPOINT: "10"}),
-        (1000, 0, None, {PRIORITY_BOOST: str(queueing.MAX_BOOST), WORK_SINCE_CHECKPOINT: "1000"}),
-        (130, 10, "2", None),
+        (130, 10, None, 60.0, {PRIORITY_BOOST: "2", WORK_SINCE_CHECKPOINT: "120"}),
+        (130, 120, None, 60.0, {PRIORITY_BOOST: "0", WORK_SINCE_CHECKPOINT: "10"}),
+        (
+            1000,
+            0,
+            None,
+            60.0,
+            {PRIORITY_BOOST: str(queueing.MAX_BOOST), WORK_SINCE_CHECKPOINT: "1000"},
+        ),
+        (130, 10, "2", 60.0, None),
+        (130, 120, None, 4.0, {PRIORITY_BOOST: "2", WORK_SINCE_CHECKPOINT: "10"}),
     ],
-    ids=["two-minutes-at-risk", "just-saved", "capped", "unchanged-no-write"],
+    ids=["two-minutes-at-risk", "just-saved", "capped", "unchanged-no-write", "finer-points"],
 )
 def test_a_running_job_publishes_the_work_a_preemption_would_lose_as_a_priority_boost(
-    step: int, saved: int, boost_before: str | None, written: dict[str, str] | None
+    step: int, saved: int, boost_before: str | None, unit: float, written: dict[str, str] | None
 ) -> None:
     job = queued_job(running_status(queue={"name": "team-queue", "admitted": True}))
     wl = workload(job, admitted=True, extra=(condition("PodsReady", True, "Started"),))
@@ -377,7 +384,7 @@ def test_a_running_job_publishes_the_work_a_preemption_would_lose_as_a_priority_
         wl["metadata"]["annotations"] = {PRIORITY_BOOST: boost_before}
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
     obs = replace(seen(job, wl, pods=pods), heartbeat=heartbeat_view(beat(step=step, saved=saved)))
-    result = plan(obs, now=at(20))
+    result = plan(obs, now=at(20), settings=PlannerSettings(preemption_boost_seconds=unit))
     got = result.workload.annotations if result.workload is not None else None
     assert got == written
 
