@@ -179,12 +179,10 @@ class Faults:
     """The seeded schedule: the k-th fault is the same kind on the same (slice, worker) for
     every arm."""
 
-    def __init__(
-        self, seed: int, count: int, slices: int = SLICES, *, kill: str = "process"
-    ) -> None:
+    def __init__(self, seed: int, count: int, slices: int = SLICES, *, leaf: bool = True) -> None:
         rng = random.Random(seed)
         self.targets = [(rng.randrange(slices), rng.randrange(HOSTS)) for _ in range(count)]
-        self.kill = kill
+        self.leaf = leaf  # kill the training process, not the container's main one
         self.repairs: list[threading.Timer] = []
 
     def cancel_repairs(self) -> None:
@@ -220,7 +218,7 @@ class Faults:
             faults.kill_pod(
                 cluster.state_dir,
                 faults.find_pod(cluster.state_dir, pod.metadata.name, namespace),
-                leaf=self.kill == "process",
+                leaf=self.leaf,
             )
         else:
             node = pod.spec.node_name
@@ -425,7 +423,7 @@ def main() -> int:
     if a is None:
         return 0
     count = int(a.minutes * 60 // a.fault_every)
-    schedule = Faults(a.seed, count, kill=a.kill)
+    schedule = Faults(a.seed, count, leaf=a.kill == "process")
     command = "python bench/bench_goodput.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     report: dict[str, Any] = {
         "command": command.strip(),

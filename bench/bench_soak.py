@@ -285,7 +285,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def soak(cluster: Cluster, a: argparse.Namespace) -> dict[str, Any]:
     """Run the slots for `--minutes`, injecting the faults; then the report's measured parts."""
     count = int(a.minutes * 60 // a.fault_every)
-    schedule = Faults(a.seed, count, slices=1, kill=a.kill)
+    schedule = Faults(a.seed, count, slices=1, leaf=a.kill == "process")
     slot_draws = random.Random(a.seed)
     fault_slots = [slot_draws.randrange(a.jobs) for _ in range(count)]
     pid = cluster.procs[0].pid  # peers.operator: the operator's own Python process

@@ -215,7 +215,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--preemption-boost-seconds",
         type=positive_seconds,
-        default=60.0,
+        default=PlannerSettings.preemption_boost_seconds,
         help="with --kueue: seconds of work a preemption would lose (steps since the last "
         "committed checkpoint) per point of a running job's Kueue priority boost, at most 10 "
         "points",

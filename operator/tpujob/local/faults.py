@@ -35,7 +35,7 @@ from tpujob.local import network
 from tpujob.local.agent.agent import fault_path, read_faults
 from tpujob.local.agent.runtime import container_main_pid
 from tpujob.local.controlplane import ClusterState
-from tpujob.local.processes import ComponentError, process_start_time
+from tpujob.local.processes import ComponentError, child_pids, process_start_time
 
 MAINTENANCE_TAINT = {
     "key": "cloud.google.com/impending-node-termination",
@@ -97,19 +97,9 @@ def deepest_descendant(pid: int, proc: Path = Path("/proc")) -> int:
     child); of several at that depth, the one with the highest pid. A supervisor's or agent's
     training process is its only child, so this is the process that trains."""
     best, level = pid, [pid]
-    while level := [child for parent in level for child in _children(proc, parent)]:
+    while level := [child for parent in level for child in child_pids(parent, proc)]:
         best = max(level)
     return best
-
-
-def _children(proc: Path, pid: int) -> list[int]:
-    children: list[int] = []
-    for task in (proc / str(pid) / "task").glob("*/children"):
-        try:
-            children.extend(int(c) for c in task.read_text().split())
-        except (OSError, ValueError):
-            continue
-    return children
 
 
 def set_node_fault(state_dir: Path, node: str, **changes: bool) -> None:

@@ -27,7 +27,7 @@ import yaml
 
 from tpujob.api import GROUP, KIND, VERSION
 from tpujob.local import pki
-from tpujob.local.processes import ComponentError
+from tpujob.local.processes import ComponentError, child_pids
 
 ROOT = Path(__file__).resolve().parents[3]
 TOOLS = ROOT / "tools"
@@ -182,11 +182,8 @@ class Kueue:
         """Kueue's own process: the child of the bubblewrap that holds its mounts (whose CPU
         and memory are what a measurement wants), or that process while it has none."""
         root = self.popen.pid
-        try:
-            children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
-        except OSError:
-            return root
-        return int(children[0]) if children else root
+        children = child_pids(root)
+        return children[0] if children else root
 
     def stop(self) -> None:
         if not self.alive():

@@ -39,6 +39,20 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def child_pids(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The children of `pid`, as the kernel lists them per thread (main thread first); empty
+    when it has none or is gone."""
+    children: list[int] = []
+    for task in sorted(
+        (proc / str(pid) / "task").glob("*/children"), key=lambda t: t.parent.name != str(pid)
+    ):
+        try:
+            children.extend(int(c) for c in task.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return children
+
+
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of `pid` in clock ticks, or None if it is gone."""
     try:

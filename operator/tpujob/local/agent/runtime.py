@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpujob.local.processes import process_start_time
+from tpujob.local.processes import child_pids, process_start_time
 
 MAX_TERMINATION_MESSAGE = 4096
 FALLBACK_LOG_LINES = 80
@@ -186,13 +186,10 @@ def container_main_pid(wrapper: int) -> int:
     """The command under `ip netns exec` (which execs bwrap) and bwrap's single child."""
     pid = wrapper
     for _ in range(3):
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return pid
+        children = child_pids(pid)
         if not children:
             return pid
-        pid = int(children[0])
+        pid = children[0]
         if _comm(pid) not in ("bwrap", "ip"):
             return pid
     return pid
