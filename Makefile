@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test demo bench bench-scale bench-goodput bench-soak crash-drill e2e-kind clean diagnosis-model
+.PHONY: all system-deps venv binaries generate check-generated lint unit trainer-tests cluster-tests test suite demo bench bench-scale bench-goodput bench-soak crash-drill e2e-kind clean diagnosis-model
 
 all: test
 
@@ -61,8 +61,12 @@ cluster-tests: venv binaries
 # of a cluster test is waiting (for a heartbeat to go stale, a node to be lost, a pod to start),
 # so two run in little more time than one. Work is stolen between the workers, so one long drill
 # does not leave the other idle. The slowest tests are listed at the end.
+# The lint runs beside the tests (its output comes when it ends); either failing fails `test`.
 TEST_WORKERS ?= 2
-test: venv binaries lint
+test: venv binaries
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint suite
+
+suite: venv binaries
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 \
 	  tests/unit tests/contract tests/trainer tests/e2e
 
