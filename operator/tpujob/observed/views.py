@@ -111,7 +111,7 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if "terminated" in state:
-            terminated = state["terminated"]
+            terminated = failure_end(state["terminated"], cs.get("lastState"))
         if isinstance(state.get("waiting"), Mapping) and not waiting:
             waiting = state["waiting"]
         if "running" in state:
@@ -161,6 +161,17 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         waiting_message=str(waiting.get("message") or "")[: c.MAX_MESSAGE_LENGTH],
         scheduled_since=scheduled_since,
     )
+
+
+def failure_end(terminated: Mapping[str, Any], last: Any) -> Mapping[str, Any]:
+    """The end of a container that tells its failure. A trainer's supervisor restarted in its
+    pod after it had passed a SIGKILL on ends at once with `ExitCode.ENDED_AFTER_KILL`
+    (`tpujob_trainer.rejoin`): the end before it (lastState) is the failure, with its reason
+    (OOMKilled, say) and message."""
+    if _int(terminated.get("exitCode")) != contract.ExitCode.ENDED_AFTER_KILL:
+        return terminated
+    previous = last.get("terminated") if isinstance(last, Mapping) else None
+    return previous if isinstance(previous, Mapping) and previous else terminated
 
 
 def unhealthy_devices(status: Mapping[str, Any]) -> tuple[str, ...]:
