@@ -1,6 +1,6 @@
 """Restarts in place on the local cluster, with the real JAX trainer.
 
-A slice restart: two slices, one worker killed. Only the failed slice's pods are replaced; the
+A slice restart: two slices, one worker's node lost. Only the failed slice's pods are replaced; the
 healthy slice's pods stay (same uids, same nodes), their trainers restart in place as the new
 attempt when the operator's rejoin order reaches them through the downward API, and all four
 processes resume from the checkpoint. A hang: one slice, one worker hung; every trainer
@@ -34,7 +34,7 @@ pytestmark = [
 
 
 @pytest.mark.long
-def test_a_worker_killed_in_one_slice_replaces_that_slice_and_the_other_rejoins_in_place(
+def test_a_node_lost_in_one_slice_replaces_that_slice_and_the_other_rejoins_in_place(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     run = Run(
@@ -50,9 +50,10 @@ def test_a_worker_killed_in_one_slice_replaces_that_slice_and_the_other_rejoins_
         if p.metadata.labels[labels.SLICE] == "0"
     }
     assert sorted(kept) == ["rejoin-1-0-0", "rejoin-1-0-1"]
-    cluster.tpujob("local", "fault", "kill", "rejoin-1-1-0", "-n", namespace)
+    # A node lost: a SIGKILLed trainer container would restart in its pod, keeping every pod.
+    cluster.tpujob("local", "fault", "node-down", run.node_of(1, 1, 0))
     status = run.wait_phase("Succeeded")
-    assert_recovered(status, soft=1)
+    assert_recovered(status, hard=1)
     assert [(k["slice"], k["podsAttempt"]) for k in status["currentAttempt"]["keptSlices"]] == [
         (0, 1)
     ]
