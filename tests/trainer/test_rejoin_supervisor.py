@@ -392,8 +392,13 @@ def test_a_supervisor_restarted_in_its_pod_acts_on_what_its_predecessor_was_doin
     assert tuple(r["TPUJOB_ATTEMPT"] for r in records(tmp_path)) == case.attempts
     assert tuple(r.attempt for r in reports.seen) == case.reported
     for report in reports.seen:
-        # As a killed training process is reported: the operator grades both the same.
-        assert (report.exit_code, report.signal, report.reason) == (137, signal.SIGKILL, "Error")
+        # As a killed training process is reported (the operator grades both the same), with
+        # the reason that sends the operator to the kubelet's record of the kill.
+        assert (report.exit_code, report.signal, report.reason) == (
+            137,
+            signal.SIGKILL,
+            contract.CONTAINER_KILLED_REASON,
+        )
         assert report.message == rejoin.KILLED_MESSAGE
     assert state_of(tmp_path) == case.after
 

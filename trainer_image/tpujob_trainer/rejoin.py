@@ -27,7 +27,9 @@ the kubelet's container restart rule (exit 137, `contract.CONTAINER_RESTART_EXIT
 supervisor keeps a state file in the pod's scratch emptyDir (`tpujob_trainer.supervisor_state`):
 the attempt it runs, and the code it ends with on purpose. A supervisor that finds an attempt
 with no end was killed: it reports the kill on the Lease for that attempt (exit 137, SIGKILL, as
-a killed training process is reported, so the operator grades it the same) and holds for an
+a killed training process is reported, so the operator grades it the same; its reason,
+`contract.CONTAINER_KILLED_REASON`, sends the operator to the kubelet's record of the kill,
+which alone tells an OOM kill) and holds for an
 order exactly as after a failed child, then runs the new attempt; with no report or no order it
 ends with `ExitCode.ENDED_AFTER_KILL`. One that finds an end of its own was started again
 although it meant to end: the end it propagated was a restarted code (a child's SIGKILL passed
@@ -55,6 +57,7 @@ from pathlib import Path
 from types import FrameType
 
 from tpujob_trainer.contract import (
+    CONTAINER_KILLED_REASON,
     CONTAINER_RESTART_EXIT_CODES,
     ENV_ATTEMPT,
     ENV_JAX_COORDINATOR,
@@ -220,6 +223,7 @@ class Supervisor:
             report_of(
                 env, attempt=attempt, returncode=-signal.SIGKILL, oom_before=None, oom_after=None
             ),
+            reason=CONTAINER_KILLED_REASON,
             message=KILLED_MESSAGE,
         )
         if self._stopping or self.reporter is None or not self.reporter(report):

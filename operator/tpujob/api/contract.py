@@ -83,6 +83,10 @@ ENV_SUPERVISOR_STATE = "TPUJOB_SUPERVISOR_STATE_FILE"
 # The container exit codes the kubelet restarts a supervised trainer's container for, in its
 # pod (a container restart rule, KEP-5307): a SIGKILL, from outside or the OOM killer.
 CONTAINER_RESTART_EXIT_CODES = (137,)
+# The reason in the report of a supervisor restarted after its container was killed: it cannot
+# tell an OOM kill from another SIGKILL (its container's cgroup counts from zero again), so the
+# operator reads the kubelet's record of that end (the container's lastState: OOMKilled or Error).
+CONTAINER_KILLED_REASON = "ContainerKilled"
 # The env variables a rejoin order changes for the process restarted in place: the attempt and
 # the coordinator (slice 0 worker 0, whose pod may be one of the replaced ones).
 ENV_JAX_COORDINATOR = "JAX_COORDINATOR_ADDRESS"

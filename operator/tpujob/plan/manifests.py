@@ -15,8 +15,8 @@ whole (exit 137: a SIGKILL, or an OOM kill that took the supervisor too) it rest
 where the supervisor, finding its state file in the scratch emptyDir, reports the kill on the
 heartbeat Lease and waits for the operator's rejoin order as after a failed training process.
 An apiserver without the feature gate drops the fields, and the pod ends and is replaced as
-before. A trainer told to run without the supervisor gets no rule: nothing would report the
-kill, and its process would start again as the attempt it was.
+before. Only a trainer whose command names the supervisor gets the rule (`supervised`): a process
+of one's own would start again as the attempt it was, with nothing reporting the kill.
 """
 
 from __future__ import annotations
@@ -202,14 +202,36 @@ def compilation_cache_dir(checkpoint_directory: str) -> str:
     return f"{checkpoint_directory.rstrip('/')}/{contract.COMPILATION_CACHE_FOLDER}"
 
 
+# The commands that run a trainer under its supervisor: the reference trainer's entry point,
+# and the supervisor's module run over a loop of one's own (`python -m tpujob_trainer.rejoin`).
+SUPERVISOR_ENTRY = "tpujob-trainer"
+SUPERVISOR_MODULES = ("tpujob_trainer", "tpujob_trainer.rejoin")
+
+
 def supervised(container: Mapping[str, Any]) -> bool:
-    """Whether the trainer in `container` runs under its supervisor: the pod projects a rejoin
-    order, and neither its env (`contract.ENV_SUPERVISED`, which a supervisor sets for the
-    process it runs) nor its command (`contract.NO_REJOIN_FLAG`) says it runs without one."""
+    """Whether the trainer in `container` is known to run under its supervisor: its command
+    names the supervisor (`SUPERVISOR_ENTRY`, or `python -m` one of `SUPERVISOR_MODULES`), the
+    pod projects a rejoin order, and neither its env (`contract.ENV_SUPERVISED`, which a
+    supervisor sets for the process it runs) nor its words (`contract.NO_REJOIN_FLAG`) say it
+    runs without one.
+
+    Only then may its container restart in its pod: a process of one's own restarted by the
+    kubelet would start again as the attempt it was, with nothing reporting the kill, and an
+    OOM that repeats would loop in the pod where the operator never sees it end. A container
+    with no command runs its image's entry point, which the operator cannot read: no rule."""
+    command = [str(word) for word in container.get("command") or []]
     names = {str(e.get("name")) for e in container.get("env") or []}
-    words = [*(container.get("command") or []), *(container.get("args") or [])]
+    words = [*command, *(str(a) for a in container.get("args") or [])]
+    named = bool(command) and (
+        command[0].rsplit("/", 1)[-1] == SUPERVISOR_ENTRY
+        or any(
+            command[i] == "-m" and command[i + 1] in SUPERVISOR_MODULES
+            for i in range(len(command) - 1)
+        )
+    )
     return (
-        contract.ENV_REJOIN_FILE in names
+        named
+        and contract.ENV_REJOIN_FILE in names
         and contract.ENV_SUPERVISED not in names
         and contract.NO_REJOIN_FLAG not in words
     )

@@ -47,17 +47,34 @@ def test_the_end_before_a_supervisor_that_ended_after_a_kill_is_the_failure(
     assert (view.exit_code, view.reason, view.message) == seen
 
 
-def test_a_reported_container_kill_is_graded_as_a_killed_training_process() -> None:
+@pytest.mark.parametrize(
+    ("last", "code"),
+    [
+        (None, dx.FailureCode.PROCESS_KILLED),
+        ({"exitCode": 137, "reason": "Error"}, dx.FailureCode.PROCESS_KILLED),
+        ({"exitCode": 137, "reason": "OOMKilled"}, dx.FailureCode.HOST_OOM),
+    ],
+    ids=["no-record", "killed", "oom-killed"],
+)
+def test_a_reported_container_kill_is_graded_from_the_kubelets_record_of_it(
+    last: dict[str, Any] | None, code: dx.FailureCode
+) -> None:
     job = job_body(status=running_status())
     pods = [pod(job, 1, 0, 0), pod(job, 1, 0, 1)]
-    beat = reported(lease(renewed=9, step=30), 0, 1, exit_code=137, message=KILLED_MESSAGE)
+    if last is not None:
+        pods[1]["status"]["containerStatuses"][0]["lastState"] = {"terminated": last}
+    beat = reported(
+        lease(renewed=9, step=30),
+        0,
+        1,
+        exit_code=137,
+        message=KILLED_MESSAGE,
+        reason=contract.CONTAINER_KILLED_REASON,
+    )
     seen = observed(job, pods, heartbeat=beat)
     trouble = find_trouble(
         seen, 1, now=at(12), launched_at=at(0), stall_timeout=600, startup_timeout=600, last_step=30
     )
     assert trouble is not None and trouble.reported_only
     diagnosis = dx.diagnose_job(trouble.facts)
-    assert (diagnosis.failure_class, diagnosis.code) == (
-        dx.FailureClass.SOFT,
-        dx.FailureCode.PROCESS_KILLED,
-    )
+    assert diagnosis.code == code, diagnosis

@@ -1,7 +1,7 @@
 """A supervised trainer container killed whole restarts in its pod: the container (never the pod)
 gets restartPolicy Never and one rule restarting it on exit 137, and the supervisor is told where
-its state file lies in the scratch emptyDir. A trainer told to run without its supervisor gets
-no rule."""
+its state file lies in the scratch emptyDir. Only a trainer whose command names its supervisor
+gets the rule: one of one's own, or an image entry point the operator cannot read, gets none."""
 
 from __future__ import annotations
 
@@ -26,12 +26,26 @@ def trainer_pod(trainer: dict[str, Any]) -> dict[str, Any]:
     ("trainer", "rules"),
     [
         ({"command": ["tpujob-trainer"]}, RULES),
-        ({}, RULES),
+        ({"command": ["/usr/local/bin/tpujob-trainer"], "args": ["--steps", "5"]}, RULES),
+        ({"command": ["python3", "-m", "tpujob_trainer"]}, RULES),
         ({"command": ["python", "-m", "tpujob_trainer.rejoin", "python", "loop.py"]}, RULES),
+        ({}, None),
+        ({"command": ["python", "train.py"]}, None),
+        ({"command": ["python", "-m", "my_trainer"], "args": ["tpujob-trainer"]}, None),
         ({"command": ["tpujob-trainer"], "args": ["--steps", "5", "--no-rejoin"]}, None),
         ({"command": ["tpujob-trainer", "--no-rejoin"]}, None),
     ],
-    ids=["reference", "image-entrypoint", "own-loop", "no-rejoin-arg", "no-rejoin-command"],
+    ids=[
+        "reference",
+        "reference-by-path",
+        "reference-module",
+        "own-loop-under-the-supervisor",
+        "image-entrypoint-unknown",
+        "own-loop-alone",
+        "supervisor-named-only-in-args",
+        "no-rejoin-arg",
+        "no-rejoin-command",
+    ],
 )
 def test_only_a_supervised_trainer_restarts_in_its_pod_on_exit_137(
     trainer: dict[str, Any], rules: list[dict[str, Any]] | None
