@@ -8,11 +8,12 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tpujob_trainer import contract, rejoin
+from tpujob_trainer import contract, rejoin, supervisor_state
 
 pytestmark = pytest.mark.trainer
 
@@ -255,7 +256,8 @@ def gone(pid: int) -> bool:
 
 
 def test_no_rejoin_is_a_flag_the_trainer_accepts() -> None:
-    from tpujob_trainer.config import NO_REJOIN_FLAG, load_config
+    from tpujob_trainer.config import load_config
+    from tpujob_trainer.contract import NO_REJOIN_FLAG
 
     assert load_config([NO_REJOIN_FLAG, "--steps", "3"], {}).steps == 3
 
@@ -317,3 +319,131 @@ def test_a_successful_end_is_never_reported(tmp_path: Path) -> None:
     reports = Reports()
     assert supervisor(tmp_path, reporter=reports, a1="exit:0").run() == 0
     assert reports.seen == []
+
+
+# A container killed whole is restarted in its pod; the supervisor learns from its state file.
+KILLED = int(contract.ExitCode.ENDED_AFTER_KILL)
+
+
+def restarted(tmp_path: Path, state: str | None, **kwargs: object) -> rejoin.Supervisor:
+    """A supervisor started in a pod whose scratch volume holds `state` (None: no file)."""
+    path = tmp_path / "supervisor.json"
+    if state is not None:
+        path.write_text(state)
+    run = supervisor(tmp_path, **kwargs)  # type: ignore[arg-type]
+    run.state_file = path
+    return run
+
+
+def state_of(tmp_path: Path) -> tuple[int, int | None]:
+    state = supervisor_state.read_state(tmp_path / "supervisor.json")
+    assert state is not None
+    return state.attempt, state.ended
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What a restarted supervisor finds, and what it must do."""
+
+    state: str | None  # the state file's text (None: no file)
+    order_attempt: int | None  # the order already projected (None: none)
+    code: int  # its exit status
+    attempts: tuple[str, ...]  # the attempts its children ran as
+    reported: tuple[int, ...]  # the attempts it reported a kill for
+    after: tuple[int, int | None]  # the state it leaves
+    accept: bool = True  # whether the Lease takes its report
+
+
+RESTARTS = {
+    # The container's first start: it runs the pod's attempt and says how it ended.
+    "first-start": Restart(None, None, 0, ("1",), (), (1, 0)),
+    "unreadable-state": Restart("not json", None, 0, ("1",), (), (1, 0)),
+    # Killed while it ran attempt 3: reported, held, and run again as the order's attempt.
+    "killed-then-ordered": Restart('{"attempt":3,"ended":null}', 4, 0, ("4",), (3,), (4, 0)),
+    # Killed, and no order newer than the attempt it ran: it ends, not as a restarted code.
+    "killed-no-newer-order": Restart(
+        '{"attempt":3,"ended":null}', 3, KILLED, (), (3,), (3, KILLED)
+    ),
+    # Killed, and the Lease refused the report: it ends at once.
+    "killed-report-refused": Restart(
+        '{"attempt":3,"ended":null}', 4, KILLED, (), (3,), (3, KILLED), accept=False
+    ),
+    # It had passed a child's SIGKILL on: started again, it must not loop.
+    "ended-137": Restart('{"attempt":3,"ended":137}', 4, KILLED, (), (), (3, KILLED)),
+    "ended-after-kill": Restart('{"attempt":3,"ended":44}', 4, KILLED, (), (), (3, KILLED)),
+    # Killed between deciding on another end and leaving: that end, again.
+    "ended-1": Restart('{"attempt":3,"ended":1}', 4, 1, (), (), (3, 1)),
+}
+
+
+@pytest.mark.parametrize("case", RESTARTS.values(), ids=RESTARTS.keys())
+def test_a_supervisor_restarted_in_its_pod_acts_on_what_its_predecessor_was_doing(
+    tmp_path: Path, case: Restart
+) -> None:
+    reports = Reports(accept=case.accept)
+    if case.order_attempt is not None:
+        (tmp_path / "order").write_text(
+            contract.encode_rejoin(contract.Rejoin(case.order_attempt, "job-1-0-0.job.ns.svc"))
+        )
+    run = restarted(
+        tmp_path, case.state, reporter=reports, reported_hold=0.5, a1="exit:0", a4="exit:0"
+    )
+    assert run.run() == case.code
+    assert tuple(r["TPUJOB_ATTEMPT"] for r in records(tmp_path)) == case.attempts
+    assert tuple(r.attempt for r in reports.seen) == case.reported
+    for report in reports.seen:
+        # As a killed training process is reported (the operator grades both the same), with
+        # the reason that sends the operator to the kubelet's record of the kill.
+        assert (report.exit_code, report.signal, report.reason) == (
+            137,
+            signal.SIGKILL,
+            contract.CONTAINER_KILLED_REASON,
+        )
+        assert report.message == rejoin.KILLED_MESSAGE
+    assert state_of(tmp_path) == case.after
+
+
+def test_a_child_killed_with_no_order_ends_with_137_once_and_the_restart_ends_for_good(
+    tmp_path: Path,
+) -> None:
+    # The kubelet restarts the container for the 137 it passed on; the restart must not loop.
+    assert restarted(tmp_path, None, hold=0.1, a1="kill").run() == 137
+    assert state_of(tmp_path) == (1, 137)
+    assert restarted(tmp_path, None, hold=0.1, a1="kill").run() == KILLED
+    assert len(records(tmp_path)) == 1
+
+
+def test_the_state_file_names_the_attempt_running_while_it_runs(tmp_path: Path) -> None:
+    order(tmp_path, 2, "job-2-0-0.job.ns.svc.cluster.local")
+    run = restarted(tmp_path, None, a2="sleep")
+    thread = threading.Thread(target=run.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while [r["TPUJOB_ATTEMPT"] for r in records(tmp_path)] != ["1", "2"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert state_of(tmp_path) == (2, None)
+    run.stop(signal.SIGTERM)
+    thread.join(30)
+    assert state_of(tmp_path)[0] == 2 and state_of(tmp_path)[1] is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [
+        ('{"attempt":2,"ended":null}', supervisor_state.SupervisorState(2)),
+        ('{"attempt":2,"ended":137}', supervisor_state.SupervisorState(2, 137)),
+        ('{"attempt":-1,"ended":null}', None),
+        ('{"attempt":true,"ended":null}', None),
+        ('{"attempt":2,"ended":"137"}', None),
+        ("[]", None),
+        ("", None),
+    ],
+    ids=["running", "ended", "negative", "bool", "text-code", "list", "empty"],
+)
+def test_only_a_well_formed_state_is_read(
+    text: str, state: supervisor_state.SupervisorState | None
+) -> None:
+    assert supervisor_state.parse_state(text) == state
+    if state is not None:
+        assert supervisor_state.parse_state(supervisor_state.encode_state(state)) == state

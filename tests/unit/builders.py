@@ -229,6 +229,7 @@ def reported(
     attempt: int = 1,
     job_uid: str = "job-uid",
     message: str = "",
+    reason: str = "Error",
 ) -> dict[str, Any]:
     """`body` (a Lease) with a supervisor's report that worker (`slice_index`, `worker`)'s
     training process ended with `exit_code` at `at_seconds`."""
@@ -237,7 +238,7 @@ def reported(
         job_uid=job_uid,
         exit_code=exit_code,
         signal=exit_code - 128 if exit_code > 128 else None,
-        reason="Error",
+        reason=reason,
         message=message,
         at=iso(at(at_seconds)),
     )

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tpujob_trainer import rejoin, runtime
-from tpujob_trainer.config import NO_REJOIN_FLAG, Framework, TrainerConfig, load_config
-from tpujob_trainer.contract import ExitCode
+from tpujob_trainer.config import Framework, TrainerConfig, load_config
+from tpujob_trainer.contract import NO_REJOIN_FLAG, ExitCode
 from tpujob_trainer.failures import (
     FailureContext,
     build_message,

@@ -37,6 +37,7 @@ from tpujob_trainer.contract import (
     ENV_RESUME_STEP,
     ENV_SKIP_BATCHES,
     ENV_SUPERVISED,
+    NO_REJOIN_FLAG,
     ExitCode,
 )
 from tpujob_trainer.failures import TrainerError
@@ -191,10 +192,6 @@ def _checked(distributed: Distributed) -> Distributed | None:
             f"process id {distributed.process_id} is outside 0..{distributed.num_processes - 1}",
         )
     return distributed if distributed.num_processes > 1 else None
-
-
-# Read before the config (it decides whether this process supervises), and accepted by it.
-NO_REJOIN_FLAG = "--no-rejoin"
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:

@@ -21,6 +21,22 @@ code. Every trainer pod gets the order file: a multislice job's healthy slices r
 another is replaced, and after a hang or a reported failure every pod of a job may get an
 order, so its processes restart in the pods they ran in.
 
+A container killed whole (the supervisor with its child: a SIGKILL from outside, or an OOM kill
+on a cgroup v2 node, which kills a container's processes together) is restarted in its pod by
+the kubelet's container restart rule (exit 137, `contract.CONTAINER_RESTART_EXIT_CODES`). The
+supervisor keeps a state file in the pod's scratch emptyDir (`tpujob_trainer.supervisor_state`):
+the attempt it runs, and the code it ends with on purpose. A supervisor that finds an attempt
+with no end was killed: it reports the kill on the Lease for that attempt (exit 137, SIGKILL, as
+a killed training process is reported, so the operator grades it the same; its reason,
+`contract.CONTAINER_KILLED_REASON`, sends the operator to the kubelet's record of the kill,
+which alone tells an OOM kill) and holds for an
+order exactly as after a failed child, then runs the new attempt; with no report or no order it
+ends with `ExitCode.ENDED_AFTER_KILL`. One that finds an end of its own was started again
+although it meant to end: the end it propagated was a restarted code (a child's SIGKILL passed
+on), so it ends at once, again, with `ExitCode.ENDED_AFTER_KILL` rather than loop, and the
+operator reads the container's previous end (its lastState) as the failure. An end of another
+code (killed between deciding and leaving) is made again.
+
 Standard library only (a report loads the kubernetes client when it is sent): it runs before,
 and around, everything JAX.
 """
@@ -36,16 +52,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
 from tpujob_trainer.contract import (
+    CONTAINER_KILLED_REASON,
+    CONTAINER_RESTART_EXIT_CODES,
     ENV_ATTEMPT,
     ENV_JAX_COORDINATOR,
     ENV_MEGASCALE_COORDINATOR,
     ENV_REJOIN_FILE,
     ENV_SUPERVISED,
+    ENV_SUPERVISOR_STATE,
     ENV_TERMINATION_MESSAGE_PATH,
     MAX_REJOIN_BYTES,
     PEER_LOST_EXIT_CODES,
@@ -55,6 +74,7 @@ from tpujob_trainer.contract import (
     parse_rejoin,
 )
 from tpujob_trainer.failure_report import Reporter, lease_reporter, oom_kills, report_of
+from tpujob_trainer.supervisor_state import SupervisorState, read_state, write_state
 
 log = logging.getLogger("tpujob_trainer.rejoin")
 
@@ -74,6 +94,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # reaches it.
 KILL_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.5
+# The message of a kill's report: a killed container leaves no termination message of its own.
+KILLED_MESSAGE = "the trainer's container was killed (exit 137) and restarted in its pod"
 
 
 def read_order(path: Path) -> Rejoin | None:
@@ -106,6 +128,12 @@ def lost_a_peer(returncode: int) -> bool:
     return returncode in PEER_LOST_EXIT_CODES or returncode == -signal.SIGABRT
 
 
+def end_again(ended: int) -> int:
+    """The exit status of a supervisor started again after it had ended with `ended` on
+    purpose: the same end, unless the kubelet would restart the container for it once more."""
+    return ExitCode.ENDED_AFTER_KILL if ended in CONTAINER_RESTART_EXIT_CODES else ended
+
+
 @dataclass
 class Supervisor:
     command: Sequence[str]
@@ -115,6 +143,7 @@ class Supervisor:
     poll_seconds: float = POLL_SECONDS
     reporter: Reporter | None = None
     reported_hold_seconds: float = REPORTED_HOLD_SECONDS
+    state_file: Path | None = None
     # Set by `stop`, which runs in a signal handler: a plain flag, since a handler that takes
     # a lock (threading.Event.set) can deadlock with the code it interrupted.
     _stopping: bool = False
@@ -124,17 +153,32 @@ class Supervisor:
         """Run the child until it ends for good; its exit status."""
         env = {**self.env, ENV_SUPERVISED: "1"}
         attempt = _attempt(env)
+        previous = read_state(self.state_file)
+        if previous is not None and previous.ended is not None:
+            log.warning(
+                "started again after ending with exit %d on purpose; ending at once", previous.ended
+            )
+            return self._end(previous.attempt, end_again(previous.ended))
+        if previous is not None:
+            order = self._after_kill(env, previous.attempt)
+            if order is None:
+                return self._end(previous.attempt, ExitCode.ENDED_AFTER_KILL)
+            log.warning(
+                "rejoining as attempt %d (coordinator %s)", order.attempt, order.coordinator
+            )
+            attempt, env = order.attempt, rejoined_env(env, order)
         while True:
+            write_state(self.state_file, SupervisorState(attempt))
             ooms = oom_kills()
             child = self._start(env)
             order = self._watch(child, attempt)
             if order is None:
                 code = child.returncode
                 if self._stopping or code == 0:
-                    return exit_status(code)
+                    return self._end(attempt, exit_status(code))
                 hold = self._hold_for(env, attempt, code, ooms)
                 if hold is None:
-                    return exit_status(code)
+                    return self._end(attempt, exit_status(code))
                 log.warning(
                     "the training process ended (exit %s); waiting up to %.0fs for a rejoin order",
                     exit_status(code),
@@ -142,7 +186,7 @@ class Supervisor:
                 )
                 order = self._await_order(attempt, hold)
                 if order is None:
-                    return exit_status(code)
+                    return self._end(attempt, exit_status(code))
             else:
                 child.kill()
                 try:
@@ -154,7 +198,7 @@ class Supervisor:
                         "the training process did not end %.0fs after SIGKILL; not rejoining",
                         KILL_WAIT_SECONDS,
                     )
-                    return exit_status(-signal.SIGKILL)
+                    return self._end(attempt, exit_status(-signal.SIGKILL))
             log.warning(
                 "rejoining as attempt %d (coordinator %s)", order.attempt, order.coordinator
             )
@@ -166,6 +210,32 @@ class Supervisor:
         child = self._child
         if child is not None and child.poll() is None:
             child.send_signal(signum)
+
+    def _end(self, attempt: int, code: int) -> int:
+        """End with `code`, on purpose: the state file says so before the container ends."""
+        write_state(self.state_file, SupervisorState(attempt, code))
+        return code
+
+    def _after_kill(self, env: Mapping[str, str], attempt: int) -> Rejoin | None:
+        """Report that the container was killed while it ran `attempt` and hold for an order;
+        the order, or None when no report could be written or no order came."""
+        report = replace(
+            report_of(
+                env, attempt=attempt, returncode=-signal.SIGKILL, oom_before=None, oom_after=None
+            ),
+            reason=CONTAINER_KILLED_REASON,
+            message=KILLED_MESSAGE,
+        )
+        if self._stopping or self.reporter is None or not self.reporter(report):
+            log.warning("the container was killed while it ran attempt %d; not reported", attempt)
+            return None
+        log.warning(
+            "the container was killed while it ran attempt %d; waiting up to %.0fs for a "
+            "rejoin order",
+            attempt,
+            self.reported_hold_seconds,
+        )
+        return self._await_order(attempt, self.reported_hold_seconds)
 
     def _start(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         # The message of a process that ended before is not this one's.
@@ -236,8 +306,14 @@ def _attempt(env: Mapping[str, str]) -> int:
 
 def supervise(command: Sequence[str], env: Mapping[str, str]) -> int:
     """Run `command` under a supervisor reading the order file `env` names; its exit status."""
+    state = env.get(ENV_SUPERVISOR_STATE)
     supervisor = Supervisor(
-        command, env, Path(env[ENV_REJOIN_FILE]), hold_seconds(env), reporter=lease_reporter(env)
+        command,
+        env,
+        Path(env[ENV_REJOIN_FILE]),
+        hold_seconds(env),
+        reporter=lease_reporter(env),
+        state_file=Path(state) if state else None,
     )
 
     def forward(signum: int, _frame: FrameType | None) -> None:

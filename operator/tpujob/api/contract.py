@@ -72,8 +72,21 @@ ENV_PLANNED_SLICES = "TPUJOB_PLANNED_SLICES"
 
 # The file a trainer pod's rejoin order is projected to (downward API; see the module's note).
 ENV_REJOIN_FILE = "TPUJOB_REJOIN_FILE"
-# Set by the trainer's supervisor for the training process it runs.
+# Set by the trainer's supervisor for the training process it runs; set in a job's own env, it
+# tells the reference trainer to run without one, as its `NO_REJOIN_FLAG` does.
 ENV_SUPERVISED = "TPUJOB_SUPERVISED"
+NO_REJOIN_FLAG = "--no-rejoin"
+# Where the supervisor keeps its state (the attempt it runs, and the code it ended with on
+# purpose): a file in the pod's scratch emptyDir, which outlives the container. A supervisor
+# restarted in its pod after its container was killed whole reads there what it was doing.
+ENV_SUPERVISOR_STATE = "TPUJOB_SUPERVISOR_STATE_FILE"
+# The container exit codes the kubelet restarts a supervised trainer's container for, in its
+# pod (a container restart rule, KEP-5307): a SIGKILL, from outside or the OOM killer.
+CONTAINER_RESTART_EXIT_CODES = (137,)
+# The reason in the report of a supervisor restarted after its container was killed: it cannot
+# tell an OOM kill from another SIGKILL (its container's cgroup counts from zero again), so the
+# operator reads the kubelet's record of that end (the container's lastState: OOMKilled or Error).
+CONTAINER_KILLED_REASON = "ContainerKilled"
 # The env variables a rejoin order changes for the process restarted in place: the attempt and
 # the coordinator (slice 0 worker 0, whose pod may be one of the replaced ones).
 ENV_JAX_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
@@ -159,6 +172,10 @@ class ExitCode(enum.IntEnum):
     CHECKPOINT_SAVE_FAILED = 41
     PREEMPTED = 42
     FENCED = 43
+    # A supervisor restarted in its pod after it had itself ended with a restarted code on
+    # purpose (a child's SIGKILL it passed on): it ends again at once rather than loop, and the
+    # container's previous end (lastState) is the failure.
+    ENDED_AFTER_KILL = 44
     DATA_ERROR = 50
 
 
@@ -212,6 +229,11 @@ EXIT_CODES: dict[ExitCode, CodeInfo] = {
     # Soft: a newer attempt already trains; this one only stepped aside.
     ExitCode.FENCED: CodeInfo(
         "FENCED", ClassHint.SOFT, "a newer attempt owns the checkpoints; this attempt stopped"
+    ),
+    ExitCode.ENDED_AFTER_KILL: CodeInfo(
+        "PROCESS_KILLED",
+        ClassHint.SOFT,
+        "the worker was killed (SIGKILL) and its supervisor had already ended the pod",
     ),
     ExitCode.DATA_ERROR: CodeInfo("DATA_ERROR", ClassHint.FATAL, "the input data is invalid"),
 }

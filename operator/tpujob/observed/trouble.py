@@ -139,12 +139,17 @@ def worker_facts(
         context.append("the container never started: the kubelet keeps retrying")
     report = pod.reported
     if report is not None and pod.exit_code is None:
+        reason, message = report.reason, report.message
+        if reason == contract.CONTAINER_KILLED_REASON:
+            # The container was killed whole and restarted in its pod: the kubelet's record
+            # of that end alone says whether it was the OOM killer.
+            reason, message = pod.last_reason or "Error", pod.last_message or message
         pod = replace(
             pod,
             exit_code=report.exit_code,
             signal=report.signal,
-            reason=report.reason,
-            message=report.message,
+            reason=reason,
+            message=message,
             finished_at=report_time(report, now),
         )
         context.append("the pod runs on; its training process ended (reported by its supervisor)")

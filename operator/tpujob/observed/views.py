@@ -85,6 +85,10 @@ class PodView:
     waiting_message: str = ""
     # lastTransitionTime of PodScheduled=True: since when it has been on its node.
     scheduled_since: datetime | None = None
+    # How its running container's previous run ended (lastState.terminated), after a restart
+    # in the pod: what a supervisor restarted after a kill reports on the Lease points here.
+    last_reason: str | None = None
+    last_message: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -108,10 +112,14 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
     waiting: Mapping[str, Any] = {}
     running = False
     running_since: datetime | None = None
+    last: Mapping[str, Any] = {}
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
+        before = (cs.get("lastState") or {}).get("terminated")
+        if "running" in state and isinstance(before, Mapping) and not last:
+            last = before
         if "terminated" in state:
-            terminated = state["terminated"]
+            terminated = failure_end(state["terminated"], cs.get("lastState"))
         if isinstance(state.get("waiting"), Mapping) and not waiting:
             waiting = state["waiting"]
         if "running" in state:
@@ -160,7 +168,20 @@ def pod_view(raw: Mapping[str, Any]) -> PodView:
         waiting_reason=str(waiting.get("reason") or "")[:MAX_REASON] or None,
         waiting_message=str(waiting.get("message") or "")[: c.MAX_MESSAGE_LENGTH],
         scheduled_since=scheduled_since,
+        last_reason=str(last.get("reason") or "")[:MAX_REASON] or None,
+        last_message=str(last.get("message") or "")[: c.MAX_MESSAGE_LENGTH],
     )
+
+
+def failure_end(terminated: Mapping[str, Any], last: Any) -> Mapping[str, Any]:
+    """The end of a container that tells its failure. A trainer's supervisor restarted in its
+    pod after it had passed a SIGKILL on ends at once with `ExitCode.ENDED_AFTER_KILL`
+    (`tpujob_trainer.rejoin`): the end before it (lastState) is the failure, with its reason
+    (OOMKilled, say) and message."""
+    if _int(terminated.get("exitCode")) != contract.ExitCode.ENDED_AFTER_KILL:
+        return terminated
+    previous = last.get("terminated") if isinstance(last, Mapping) else None
+    return previous if isinstance(previous, Mapping) and previous else terminated
 
 
 def unhealthy_devices(status: Mapping[str, Any]) -> tuple[str, ...]:

@@ -8,6 +8,15 @@ Pod names carry the attempt, so pods of two attempts never share a name or a DNS
 pods of a slice kept by a slice restart keep the names (and DNS names) of the attempt they were
 created for, and the new attempt's other pods are told those names.
 Trainer pods pass Pod Security `restricted` by default (see `tpujob.plan.pod_security`).
+
+The pod's restartPolicy is Never: a pod that ends is the operator's to replace or not. Its
+supervised trainer container alone gets a restart rule (KEP-5307, ContainerRestartRules): killed
+whole (exit 137: a SIGKILL, or an OOM kill that took the supervisor too) it restarts in its pod,
+where the supervisor, finding its state file in the scratch emptyDir, reports the kill on the
+heartbeat Lease and waits for the operator's rejoin order as after a failed training process.
+An apiserver without the feature gate drops the fields, and the pod ends and is replaced as
+before. Only a trainer whose command names the supervisor gets the rule (`supervised`): a process
+of one's own would start again as the attempt it was, with nothing reporting the kill.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from tpujob.api.constants import (
     LOCAL_CHECKPOINT_VOLUME,
     REJOIN_MOUNT_PATH,
     REJOIN_VOLUME,
+    SCRATCH_MOUNT_PATH,
 )
 from tpujob.observed.admission import PodSetUpdate
 from tpujob.plan import pod_security
@@ -31,6 +41,8 @@ from tpujob.plan.pod_template import add_pod_set_update, add_template
 
 # Where a trainer pod's rejoin order is projected (see `contract.POD_REJOIN_ANNOTATION`).
 REJOIN_FILE = "rejoin"
+# The supervisor's state, in the scratch emptyDir (`contract.ENV_SUPERVISOR_STATE`).
+SUPERVISOR_STATE_FILE = f"{SCRATCH_MOUNT_PATH}/tpujob-supervisor.json"
 BASE_COLLECTIVE_TIMEOUT_SECONDS = 60
 
 
@@ -159,6 +171,7 @@ def trainer_env(
     # Every trainer runs under the supervisor: a multislice job keeps its healthy slices when
     # another is replaced, and any job restarts its trainers in their pods after a hang.
     values[contract.ENV_REJOIN_FILE] = f"{REJOIN_MOUNT_PATH}/{REJOIN_FILE}"
+    values[contract.ENV_SUPERVISOR_STATE] = SUPERVISOR_STATE_FILE
     if job.spec.elastic is not None:
         values[contract.ENV_PLANNED_SLICES] = str(tpu.slices)
     if settings.rollback_step is not None:
@@ -187,6 +200,57 @@ def compilation_cache_dir(checkpoint_directory: str) -> str:
     """JAX's compilation cache folder for a job: inside its checkpoint directory (a path or a
     gs:// URI), the one place every attempt of the job sees, on whichever nodes it runs."""
     return f"{checkpoint_directory.rstrip('/')}/{contract.COMPILATION_CACHE_FOLDER}"
+
+
+# The commands that run a trainer under its supervisor: the reference trainer's entry point,
+# and the supervisor's module run over a loop of one's own (`python -m tpujob_trainer.rejoin`).
+SUPERVISOR_ENTRY = "tpujob-trainer"
+SUPERVISOR_MODULES = ("tpujob_trainer", "tpujob_trainer.rejoin")
+
+
+def supervised(container: Mapping[str, Any]) -> bool:
+    """Whether the trainer in `container` is known to run under its supervisor: its command
+    names the supervisor (`SUPERVISOR_ENTRY`, or `python -m` one of `SUPERVISOR_MODULES`), the
+    pod projects a rejoin order, and neither its env (`contract.ENV_SUPERVISED`, which a
+    supervisor sets for the process it runs) nor its words (`contract.NO_REJOIN_FLAG`) say it
+    runs without one.
+
+    Only then may its container restart in its pod: a process of one's own restarted by the
+    kubelet would start again as the attempt it was, with nothing reporting the kill, and an
+    OOM that repeats would loop in the pod where the operator never sees it end. A container
+    with no command runs its image's entry point, which the operator cannot read: no rule."""
+    command = [str(word) for word in container.get("command") or []]
+    names = {str(e.get("name")) for e in container.get("env") or []}
+    words = [*command, *(str(a) for a in container.get("args") or [])]
+    named = bool(command) and (
+        command[0].rsplit("/", 1)[-1] == SUPERVISOR_ENTRY
+        or any(
+            command[i] == "-m" and command[i + 1] in SUPERVISOR_MODULES
+            for i in range(len(command) - 1)
+        )
+    )
+    return (
+        named
+        and contract.ENV_REJOIN_FILE in names
+        and contract.ENV_SUPERVISED not in names
+        and contract.NO_REJOIN_FLAG not in words
+    )
+
+
+def container_restart_rules() -> dict[str, Any]:
+    """The container fields that restart a supervised trainer killed whole in its pod."""
+    return {
+        "restartPolicy": "Never",
+        "restartPolicyRules": [
+            {
+                "action": "Restart",
+                "exitCodes": {
+                    "operator": "In",
+                    "values": list(contract.CONTAINER_RESTART_EXIT_CODES),
+                },
+            }
+        ],
+    }
 
 
 def local_checkpoint_volume(size_limit: str) -> dict[str, Any]:
@@ -301,6 +365,8 @@ def trainer_pod(
         container["command"] = list(trainer.command)
     if trainer.args:
         container["args"] = list(trainer.args)
+    if supervised(container):
+        container.update(container_restart_rules())
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": name,

@@ -423,3 +423,19 @@ def test_command_references_expand_as_the_kubelet_does(text: str, expanded: str)
     from tpujob.local.agent.sandbox import expand_references
 
     assert expand_references(text, {"POD_IP": "10.1.2.3", "PORT": "80"}) == expanded
+
+
+@pytest.mark.parametrize("python_path", ["/src/a:/src/b", None], ids=["set", "unset"])
+def test_container_env_carries_the_nodes_python_path_under_the_pods_own_env(
+    monkeypatch: pytest.MonkeyPatch, python_path: str | None
+) -> None:
+    if python_path is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", python_path)
+    api, lookups = sandbox.ApiEndpoint("10.1.0.1", 443), FakeLookups()
+    env = sandbox.container_env(POD, {}, pod_ip="10.1.1.1", api=api, lookups=lookups)
+    assert env.get("PYTHONPATH") == python_path
+    own = {"env": [{"name": "PYTHONPATH", "value": "/app"}]}
+    env = sandbox.container_env(POD, own, pod_ip="10.1.1.1", api=api, lookups=lookups)
+    assert env["PYTHONPATH"] == "/app"

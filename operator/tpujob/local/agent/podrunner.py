@@ -17,6 +17,7 @@ from typing import Any
 from tpujob.local import network
 from tpujob.local.agent import claims, sandbox
 from tpujob.local.agent.lookups import ApiLookups
+from tpujob.local.agent.restarts import container_restarts
 from tpujob.local.agent.runtime import ContainerRuntime, PodRuntime
 from tpujob.observed.training import quantity_bytes
 
@@ -82,6 +83,7 @@ class PodRunner:
                     memory_limit=quantity_bytes(
                         ((c.get("resources") or {}).get("limits") or {}).get("memory")
                     ),
+                    restart_fields=container_restarts(c),
                 )
             )
         rt.ip_index = self._allocate()

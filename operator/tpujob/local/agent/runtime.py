@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpujob.local.agent.restarts import ContainerRestarts, restarts
 from tpujob.local.processes import child_pids, process_start_time
 
 MAX_TERMINATION_MESSAGE = 4096
@@ -76,6 +77,8 @@ class ContainerRuntime:
     # killer would under the kubelet's cgroup (SIGKILL, reason OOMKilled).
     memory_limit: int | None = None
     oom_killed: bool = False
+    # Its own restartPolicy and restartPolicyRules, over the pod's restartPolicy.
+    restart_fields: ContainerRestarts = field(default_factory=ContainerRestarts)
 
     @property
     def log_path(self) -> Path:
@@ -259,9 +262,9 @@ class PodRuntime:
             return False
         if self.node_lost:
             return False
-        if self.restart_policy == "Always":
-            return True
-        return self.restart_policy == "OnFailure" and container.terminated.exit_code != 0
+        return restarts(
+            self.restart_policy, container.restart_fields, container.terminated.exit_code
+        )
 
     def phase(self) -> str:
         if not self.containers or self.started_at is None or self.mount_error is not None:

@@ -114,6 +114,10 @@ def container_env(
         "KUBERNETES_PORT": f"tcp://{api.host}:{api.port}",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
     }
+    # The local image is the Python environment the node runs in, with the sources it was
+    # pointed at: a container runs the code the agent was started with, as an image's ENV would.
+    if python_path := os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = python_path
     for source in container.get("envFrom") or []:
         prefix = source.get("prefix", "")
         if ref := source.get("configMapRef"):
