@@ -434,23 +434,6 @@ def test_operator_killed_mid_recovery_finishes_it_without_duplicates(
     assert sorted(names) == ["crash-2-0-0", "crash-2-0-1"]
 
 
-@pytest.mark.long
-def test_two_slice_job_losing_one_slice_moves_only_that_slice(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    run = Run(
-        cluster, namespace, operator, training_job("multi", tmp_path, slices=2, steps=FAULTED_STEPS)
-    )
-    before = run.wait_training(step=15)
-    pools = {p["slice"]: p["nodePool"] for p in before["currentAttempt"]["placement"]}
-    cluster.tpujob("local", "fault", "node-down", run.node_of(1, 1, 0))
-    status = run.wait_phase("Succeeded")
-    assert_recovered(status, hard=1)
-    after = {p["slice"]: p["nodePool"] for p in status["currentAttempt"]["placement"]}
-    assert after[0] == pools[0]
-    assert after[1] != pools[1]
-
-
 def test_deleting_a_job_removes_its_children(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ def test_a_node_lost_in_one_slice_replaces_that_slice_and_the_other_rejoins_in_p
         training_job("rejoin", tmp_path, slices=2, steps=FAULTED_STEPS),
     )
     before = run.wait_training(step=15)
+    pools = {p["slice"]: p["nodePool"] for p in before["currentAttempt"]["placement"]}
     kept = {
         p.metadata.name: (p.metadata.uid, p.spec.node_name)
         for p in run.pods(1)
@@ -54,6 +55,9 @@ def test_a_node_lost_in_one_slice_replaces_that_slice_and_the_other_rejoins_in_p
     cluster.tpujob("local", "fault", "node-down", run.node_of(1, 1, 0))
     status = run.wait_phase("Succeeded")
     assert_recovered(status, hard=1)
+    # Only the lost slice moves: slice 0 keeps its pool, slice 1 goes to another.
+    after = {p["slice"]: p["nodePool"] for p in status["currentAttempt"]["placement"]}
+    assert after[0] == pools[0] and after[1] != pools[1], (pools, after)
     assert [(k["slice"], k["podsAttempt"]) for k in status["currentAttempt"]["keptSlices"]] == [
         (0, 1)
     ]
