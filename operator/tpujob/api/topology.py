@@ -168,23 +168,32 @@ def chip_count(topology: str) -> int:
     return math.prod(int(p) for p in parts)
 
 
-def resolve(label: str, topology: str) -> SliceShape:
-    """The slice geometry for an accelerator/topology pair; raises a TopologyError subclass."""
-    row = accelerator(label)
-    try:
-        per_host = row.chips_per_host[topology]
-    except KeyError:
-        raise UnsupportedTopologyError(label, topology) from None
+def _shape(row: Accelerator, topology: str) -> SliceShape:
     return SliceShape(
-        accelerator=label,
+        accelerator=row.label,
         generation=row.generation,
         topology=topology,
         chips=chip_count(topology),
-        chips_per_host=per_host,
+        chips_per_host=row.chips_per_host[topology],
         tensorcores_per_chip=row.tensorcores_per_chip,
     )
 
 
+# Every supported shape, made once: a reconcile asks for its job's shape dozens of times.
+_SHAPES: Mapping[tuple[str, str], SliceShape] = MappingProxyType(
+    {(a.label, t): _shape(a, t) for a in ACCELERATORS for t in a.chips_per_host}
+)
+
+
+def resolve(label: str, topology: str) -> SliceShape:
+    """The slice geometry for an accelerator/topology pair; raises a TopologyError subclass."""
+    found = _SHAPES.get((label, topology))
+    if found is None:
+        accelerator(label)  # an unknown accelerator is named as such
+        raise UnsupportedTopologyError(label, topology)
+    return found
+
+
 def all_shapes() -> tuple[SliceShape, ...]:
     """Every supported slice shape, accelerator by accelerator."""
-    return tuple(resolve(a.label, t) for a in ACCELERATORS for t in a.chips_per_host)
+    return tuple(_SHAPES.values())
