@@ -63,6 +63,7 @@ def test_tpujob_crd_subcommand_checks_the_files(tmp_path: Path) -> None:
 def test_the_metrics_page_names_every_series_a_scrape_serves() -> None:
     from prometheus_client import generate_latest
 
+    from tpujob.api import GoodputBreakdown
     from tpujob.controller.metrics import Metrics
 
     served = Metrics()
@@ -70,7 +71,7 @@ def test_the_metrics_page_names_every_series_a_scrape_serves() -> None:
     served.record_recovery(3.0)
     served.record_request("get")
     served.record_job("ns", "job", None, 0.5, 1)
-    served.record_breakdown("ns", "job", {"productive": 1.0})
+    served.record_breakdown("ns", "job", GoodputBreakdown(wall_seconds=1, productive=1.0))
     page = (ROOT / crdgen.METRICS_DOC).read_text()
     families = {
         line.split()[2]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from tpujob.api import Phase, TPUTrainingJob, TPUTrainingJobStatus, parse_job
+from tpujob.api import Phase, TPUTrainingJob, TPUTrainingJobStatus, parse_job, status_patch
 from tpujob.controller.metrics import Metrics
 from tpujob.controller.wakeups import JobKey, WakeBook
 from tpujob.diagnosis.memory import NodeLedger
@@ -135,6 +135,18 @@ class JobBook:
     # nearly every first reconcile planned, took a pool and then met a Conflict, and went to
     # the back of the queue. Woken when the finalizer shows.
     awaiting_finalizer: set[JobKey] = field(default_factory=set)
+    # Each job's parsed status (the one in `parsed`) and its dump: the status a reconcile
+    # compares its plan's with is most often the one the last reconcile dumped.
+    dumped: dict[JobKey, tuple[TPUTrainingJobStatus, dict[str, Any]]] = field(default_factory=dict)
+
+    def dump(self, key: JobKey, status: TPUTrainingJobStatus) -> dict[str, Any]:
+        """`status_patch(status)`, kept while `status` is the job's last parsed status."""
+        held = self.dumped.get(key)
+        if held is not None and held[0] is status:
+            return held[1]
+        dumped = status_patch(status)
+        self.dumped[key] = (status, dumped)
+        return dumped
 
     def parse(self, key: JobKey, body: Mapping[str, Any]) -> TPUTrainingJob:
         """`parse_job(body)`, reusing the last parse of `key` when the body is the same
@@ -152,6 +164,7 @@ class JobBook:
         self.written.pop(key, None)
         self.progress_written.pop(key, None)
         self.parsed.pop(key, None)
+        self.dumped.pop(key, None)
         self.awaiting_finalizer.discard(key)
 
 

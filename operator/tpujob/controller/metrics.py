@@ -77,6 +77,10 @@ class Metrics:
         # process_cpu_seconds_total, process_resident_memory_bytes, open fds (Linux).
         ProcessCollector(registry=r)
         self._phases: dict[tuple[str, str], str] = {}
+        # What each job's series were last set to: a reconcile that changed nothing of them
+        # (most do) sets none, sparing a label lookup per series.
+        self._shown: dict[tuple[str, str], tuple[float | None, int | None]] = {}
+        self._breakdowns: dict[tuple[str, str], GoodputBreakdown] = {}
         for p in Phase:  # every phase is a series from the start, 0 until a job has it
             self.jobs.labels(phase=str(p)).set(0)
         # Every category `record_breakdown` may be given, so that a job's series all go with it.
@@ -98,12 +102,19 @@ class Metrics:
             self.jobs.labels(phase=now).inc()
             if before is not None:
                 self.jobs.labels(phase=before).dec()
+        if self._shown.get((namespace, job)) == (goodput, budget_left):
+            return
+        self._shown[(namespace, job)] = (goodput, budget_left)
         if goodput is not None:
             self.goodput.labels(namespace=namespace, job=job).set(goodput)
         if budget_left is not None:
             self.budget_left.labels(namespace=namespace, job=job).set(budget_left)
 
-    def record_breakdown(self, namespace: str, job: str, parts: dict[str, float]) -> None:
+    def record_breakdown(self, namespace: str, job: str, breakdown: GoodputBreakdown) -> None:
+        if self._breakdowns.get((namespace, job)) == breakdown:
+            return
+        self._breakdowns[(namespace, job)] = breakdown
+        parts = breakdown.model_dump(by_alias=True, exclude={"wall_seconds"})
         for category, seconds in parts.items():
             self.goodput_seconds.labels(namespace=namespace, job=job, category=category).set(
                 seconds
@@ -111,6 +122,8 @@ class Metrics:
 
     def forget_job(self, namespace: str, job: str) -> None:
         before = self._phases.pop((namespace, job), None)
+        self._shown.pop((namespace, job), None)
+        self._breakdowns.pop((namespace, job), None)
         if before is not None:
             self.jobs.labels(phase=before).dec()
         for category in list(self._categories):

@@ -164,6 +164,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     deps.wakes.settled(key, finished=finished, waiting_for=_waiting_for(result, observed))
     if finished:
         deps.jobs.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
+        deps.jobs.dumped.pop(key, None)
     return result.requeue_after
 
 
@@ -239,8 +240,10 @@ async def _write_status(
     every progress interval, though nothing happened to them: the breakdown is brought up to
     date by the next write that has another reason (progress, a condition, the phase).
     """
+    if result.status == old:  # equal models dump equal: most reconciles change nothing
+        return body
     new_status = status_patch(result.status)
-    old_status = status_patch(old)  # `body`'s status, as observe parsed it
+    old_status = deps.jobs.dump(key, old)  # `body`'s status, as observe parsed it
     if new_status == old_status:
         return body
     effects = _has_effects(result)
@@ -436,11 +439,7 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
         namespace, name, status.phase, status.goodput, status.failed_node_budget_left
     )
     if status.goodput_breakdown is not None:
-        deps.metrics.record_breakdown(
-            namespace,
-            name,
-            status.goodput_breakdown.model_dump(by_alias=True, exclude={"wall_seconds"}),
-        )
+        deps.metrics.record_breakdown(namespace, name, status.goodput_breakdown)
 
 
 async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import logging
 import random
 import threading
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+import orjson
 from kubernetes.client.exceptions import ApiException
 
 from tpujob.kube.indexes import DELETED, Change, Indexer, Prepared
@@ -101,6 +101,17 @@ def namespace_filter(patterns: Iterable[str]) -> Callable[[str], bool] | None:
         return False
 
     return accept
+
+
+def decode(raw: bytes) -> Any:
+    """One JSON document of a listing or a watch stream.
+
+    orjson takes half the time of the standard library's decoder here, where most of the
+    operator's reading happens (every event of every pod it watches). It reads an integer past
+    64 bits as a float; the kinds watched (pods, nodes, Leases) hold none, as the apiserver
+    validates their numbers as 32- or 64-bit integers.
+    """
+    return orjson.loads(raw)
 
 
 def split_lines(buffer: bytearray, chunk: bytes) -> list[bytes]:
@@ -194,7 +205,7 @@ class Informer:
             kwargs: dict[str, Any] = {"limit": PAGE, "_preload_content": False}
             if token:
                 kwargs["_continue"] = token
-            page = json.loads(self._call(**kwargs).data)
+            page = decode(self._call(**kwargs).data)
             listed.extend(self._prepared(page.get("items") or ()))
             meta = page.get("metadata") or {}
             token = meta.get("continue")
@@ -220,7 +231,7 @@ class Informer:
                     break
                 batch: list[tuple[str, Prepared]] = []
                 for line in split_lines(buffer, chunk):
-                    version = self._event(json.loads(line), version, batch)
+                    version = self._event(decode(line), version, batch)
                 if batch:
                     self._post(self._applied, batch)
         finally:

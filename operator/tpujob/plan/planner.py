@@ -50,6 +50,9 @@ WAIT_FOR_POOL_SECONDS = 30.0
 DEFAULT_SETTINGS = PlannerSettings()
 # A refused spec changes only when its job does, which wakes the job at once.
 REFUSED_SPEC_POLL_SECONDS = 300.0
+# Phases whose job is looked at by its deadlines when nothing about it is in motion
+# (`tpujob.plan.deadlines`); the others keep the short poll.
+_PACED = frozenset({Phase.STARTING, Phase.RUNNING})
 
 
 def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SETTINGS) -> Plan:
@@ -89,7 +92,7 @@ def plan(obs: Observed, *, now: datetime, settings: PlannerSettings = DEFAULT_SE
         _reconcile_attempt(obs, draft, settings)
     mark_blamed_nodes(obs, draft, settings)
     queueing.sync_workload(obs, draft, boost_seconds=settings.preemption_boost_seconds)
-    if job.status.phase is Phase.RUNNING and draft.status.phase is Phase.RUNNING:
+    if job.status.phase in _PACED and draft.status.phase is job.status.phase:
         # Last: whether the job is in motion depends on every effect planned above.
         pace(obs, draft, settings)
     parts = breakdown(draft.status, obs.heartbeat, now=now)

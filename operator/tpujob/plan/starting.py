@@ -8,9 +8,11 @@ after a grace the Running condition names the first such pod and what it waits f
 states that already say the kubelet failed to start the container (an image it cannot pull, a
 missing Secret) are failures and diagnosed (`tpujob.observed.trouble.FAILED_START_REASONS`).
 
-Each message stays what it first said while the same pod waits: a message that changed with
-every pod event of the cluster (the scheduler's counts of nodes) or every second was a status
-write each time.
+Each message stays what it first said while the pod it names waits: a message that changed
+with every pod event of the cluster (the scheduler's counts of nodes) or every second was a
+status write each time. The pod named is the last of those waiting: the scheduler places a
+gang's pods in the order they were made, so during a burst the first such pod was placed
+moments later and the next one named, a status write per pod of the job.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def say_pods_not_starting(draft: Draft, pods: tuple[PodView, ...]) -> None:
         if waiting:
             draft.requeue(NOT_STARTED_GRACE_SECONDS - max(w for _, w in waiting))
         return
-    pod = stuck[0]
+    if _still_said(draft, ConditionReason.NOT_STARTED, stuck):
+        return
+    pod = stuck[-1]
     reason = pod.waiting_reason or "not started"
     since = pod.scheduled_since or pod.created
     message = f"pod {pod.name}: its container has not started on node {pod.node}"
@@ -60,7 +64,7 @@ def say_pods_not_starting(draft: Draft, pods: tuple[PodView, ...]) -> None:
     message += f" ({reason}{': ' + pod.waiting_message if pod.waiting_message else ''})"
     if reason in HINTS:
         message += f"; {HINTS[reason]}: kubectl describe pod {pod.name}"
-    _say(draft, ConditionReason.NOT_STARTED, pod, message)
+    draft.condition(ConditionType.RUNNING, False, ConditionReason.NOT_STARTED, message)
 
 
 def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> bool:
@@ -77,20 +81,19 @@ def _say_unschedulable(draft: Draft, pods: tuple[PodView, ...]) -> bool:
         if waiting:
             draft.requeue(UNSCHEDULABLE_GRACE_SECONDS - max(w for _, w in waiting))
         return False
-    pod = stuck[0]
-    _say(draft, ConditionReason.UNSCHEDULABLE, pod, f"pod {pod.name}: {pod.unschedulable_message}")
+    if not _still_said(draft, ConditionReason.UNSCHEDULABLE, stuck):
+        pod = stuck[-1]
+        message = f"pod {pod.name}: {pod.unschedulable_message}"
+        draft.condition(ConditionType.RUNNING, False, ConditionReason.UNSCHEDULABLE, message)
     return True
 
 
-def _say(draft: Draft, reason: ConditionReason, pod: PodView, message: str) -> None:
+def _still_said(draft: Draft, reason: ConditionReason, stuck: list[PodView]) -> bool:
+    """Whether the Running condition already names one of `stuck` for `reason`."""
     said = draft.status.condition(ConditionType.RUNNING)
-    if (
-        said is not None
-        and said.reason == reason
-        and (said.message or "").startswith(f"pod {pod.name}: ")
-    ):
-        return
-    draft.condition(ConditionType.RUNNING, False, reason, message)
+    if said is None or said.reason != reason:
+        return False
+    return any((said.message or "").startswith(f"pod {p.name}: ") for p in stuck)
 
 
 def _seconds(since: datetime | None, now: datetime, unknown: float) -> float:

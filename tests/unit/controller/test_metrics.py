@@ -47,8 +47,25 @@ def test_failures_restarts_and_recovery_durations_are_counted() -> None:
 def test_the_goodput_breakdown_is_exported_per_category_and_forgotten_with_the_job() -> None:
     metrics = Metrics()
     parts = GoodputBreakdown(wall_seconds=100, productive=90, downtime=10, queued=5, degraded=30)
-    metrics.record_breakdown("a", "one", parts.model_dump(by_alias=True, exclude={"wall_seconds"}))
+    metrics.record_breakdown("a", "one", parts)
     values = scrape(metrics)
     assert values['tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'] == 90
+    metrics.record_breakdown("a", "one", parts.model_copy(update={"productive": 95}))
+    values = scrape(metrics)
+    assert values['tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'] == 95
     metrics.forget_job("a", "one")
     assert not any(k.startswith("tpujob_goodput_seconds{") for k in scrape(metrics))
+
+
+def test_a_job_recorded_again_after_it_was_forgotten_shows_again() -> None:
+    """Unchanged values are not set again; a forgotten job's are, as its series went."""
+    metrics = Metrics()
+    parts = GoodputBreakdown(wall_seconds=100, productive=90)
+    for _ in range(2):
+        metrics.record_job("a", "one", Phase.RUNNING, 0.9, 1)
+        metrics.record_breakdown("a", "one", parts)
+        values = scrape(metrics)
+        assert values['tpujob_goodput_ratio{job="one",namespace="a"}'] == 0.9
+        assert values['tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'] == 90
+        metrics.forget_job("a", "one")
+        assert not any('job="one"' in k for k in scrape(metrics))

@@ -60,3 +60,30 @@ def test_the_schedulers_changing_counts_for_the_same_pod_write_no_status() -> No
     assert status_patch(later.status) == status_patch(first.status) | {
         "goodputBreakdown": status_patch(later.status).get("goodputBreakdown")
     }
+
+
+def test_the_pod_named_stays_named_while_it_waits_and_the_last_waiting_is_named_first() -> None:
+    """The scheduler places a gang's pods in order: the last waiting pod is named, and one
+    pod placed of several waiting writes no status while the pod named still waits."""
+    job = starting()
+
+    def named(job: dict[str, Any], waiting: list[int], now: float) -> tuple[str, dict[str, Any]]:
+        pods = [
+            unplaced(job, w, SAID, since=10) if w in waiting else pod(job, 1, 0, w) for w in (0, 1)
+        ]
+        result = plan(observed(job, pods), now=at(now))
+        running = result.status.condition(ConditionType.RUNNING)
+        assert running is not None and running.reason == "Unschedulable"
+        status = result.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return str(running.message).split(":")[0], job_body(status=status)
+
+    said, job = named(job, [0, 1], now=40)
+    assert said == "pod train-1-0-1"
+    said, job = named(job, [1], now=41)  # the first placed: the one named still waits
+    assert said == "pod train-1-0-1"
+    job = starting()
+    said, job = named(job, [0, 1], now=40)
+    said, job = named(job, [0], now=41)  # the one named placed: the one still waiting is named
+    assert said == "pod train-1-0-0"
+    said, job = named(job, [0, 1], now=42)  # another waits again: the one named still does
+    assert said == "pod train-1-0-0"

@@ -19,6 +19,7 @@ from tpujob.kube.informer import (
     Informer,
     Watched,
     backoff_seconds,
+    decode,
     namespace_filter,
     split_lines,
 )
@@ -213,6 +214,18 @@ def test_namespace_patterns_accept_as_the_operator_s_namespace_option_says(
     assert accept is not None
     assert all(accept(ns) for ns in accepted)
     assert not any(accept(ns) for ns in refused or ())
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"type":"ADDED","object":{"metadata":{"name":"p","labels":{"a":"\\u00e9"}}}}',
+        b'{"object":{"spec":{"n":9223372036854775807,"m":-9223372036854775808,"s":"\\ud83d\\ude00"}}}',
+        b'{"a":[1,2.5,null,true]}',
+    ],
+)
+def test_a_stream_document_decodes_as_the_standard_library_reads_it(raw: bytes) -> None:
+    assert decode(raw) == json.loads(raw)
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,30 @@
-"""When a running job is looked at again with no event: at its heartbeat's deadlines under a
-long net when it runs steadily, at the operator's short poll while anything is in motion."""
+"""When a starting or running job is looked at again with no event: at its deadlines (the
+heartbeat's, the start graces) under a long net when nothing about it is in motion, at the
+operator's short poll while anything is."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from tests.unit.builders import at, cluster, job_body, lease, observed, pod, running_status
+from tests.unit.builders import (
+    T0,
+    at,
+    cluster,
+    iso,
+    job_body,
+    lease,
+    observed,
+    pod,
+    refused,
+    running_status,
+)
 
 from tpujob.api import Phase
 from tpujob.plan.deadlines import PAST_DEADLINE_SECONDS
 from tpujob.plan.planner import plan
 from tpujob.plan.result import PlannerSettings
+from tpujob.plan.starting import NOT_STARTED_GRACE_SECONDS, UNSCHEDULABLE_GRACE_SECONDS
 
 SETTINGS = PlannerSettings(poll_seconds=5.0, steady_poll_seconds=60.0)
 
@@ -115,3 +128,42 @@ def test_a_silent_hang_is_found_at_the_deadline_it_was_looked_at_by() -> None:
     hung = plan(observed(job, workers(job), heartbeat=beat), now=looked, settings=SETTINGS)
     assert hung.diagnosis is not None
     assert hung.diagnosis.code.value == "HANG"
+
+
+def waiting_on_node(manifest: dict[str, Any], reason: str) -> dict[str, Any]:
+    """`manifest` (a pod) bound to its node at T0, its container waiting for `reason`."""
+    manifest["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": iso(T0)}],
+        "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": reason}}}],
+    }
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("case", "waiting", "now", "expected"),
+    [
+        # The scheduler has not placed worker 1 since 100 s: named at 115 s.
+        ("unplaced, within the grace", "unplaced", 110, UNSCHEDULABLE_GRACE_SECONDS - 10),
+        # Named already: the scheduler's binding is an event.
+        ("unplaced, named", "unplaced", 200, 60.0),
+        # On its node since T0, its container not started: named at 60 s.
+        ("not started, within the grace", "ContainerCreating", 20, NOT_STARTED_GRACE_SECONDS - 20),
+        ("not started, named", "ContainerCreating", 200, 60.0),
+        # A start the kubelet refused is judged a failure after its grace: the short poll.
+        ("start refused", "ErrImagePull", 10, 5.0),
+    ],
+)
+def test_a_starting_job_whose_pods_wait_is_looked_at_by_its_start_graces_under_the_net(
+    case: str, waiting: str, now: float, expected: float
+) -> None:
+    job = job_body(status=running_status(phase=Phase.STARTING.value))
+    worker = (
+        refused(pod(job, 1, 0, 1, phase="Pending"), "0/8 nodes are available", since=100)
+        if waiting == "unplaced"
+        else waiting_on_node(pod(job, 1, 0, 1, phase="Pending"), waiting)
+    )
+    result = plan(observed(job, [pod(job, 1, 0, 0), worker]), now=at(now), settings=SETTINGS)
+    assert result.status.phase is Phase.STARTING, case
+    assert result.diagnosis is None, case
+    assert result.requeue_after == pytest.approx(expected), case
