@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 from tpujob.api import labels
+from tpujob.controller import collector
 from tpujob.controller.native_memory import TRIM_INTERVAL_SECONDS, limit_arenas, trim
 from tpujob.observed.nodes import DEFAULT_HEALTH, NodeHealthSettings
 from tpujob.plan.result import PlannerSettings
@@ -319,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
         deps.workloads = WorkloadWriter(api)
     handlers.register(registry, kueue=args.kueue)
     namespaces = tuple(args.namespace)
+
+    collector.tune()  # after start-up's allocations, before the event loop's
 
     async def operate() -> None:
         trimming = asyncio.create_task(trim_memory(TRIM_INTERVAL_SECONDS))

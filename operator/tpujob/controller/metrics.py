@@ -110,8 +110,14 @@ class Metrics:
         if budget_left is not None:
             self.budget_left.labels(namespace=namespace, job=job).set(budget_left)
 
-    def record_breakdown(self, namespace: str, job: str, breakdown: GoodputBreakdown) -> None:
-        if self._breakdowns.get((namespace, job)) == breakdown:
+    def record_breakdown(
+        self, namespace: str, job: str, breakdown: GoodputBreakdown, *, written: bool = True
+    ) -> None:
+        """Show the job's breakdown as its status shows it: set when a status with it was
+        `written` (between writes it moves with the clock alone, at every reconcile), or when
+        the job has no series yet (an operator that just started)."""
+        shown = self._breakdowns.get((namespace, job))
+        if shown is not None and (not written or shown == breakdown):
             return
         self._breakdowns[(namespace, job)] = breakdown
         parts = breakdown.model_dump(by_alias=True, exclude={"wall_seconds"})

@@ -154,11 +154,12 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     if result.ledger_blame is not None:
         await remember_blame(deps, result.ledger_blame)
     try:
-        await deps.run(_act, deps, body, result)
+        if _has_effects(result):  # most reconciles have none: no hop to a worker thread
+            await deps.run(_act, deps, body, result)
     except PodsRefusedError as err:
         _tell(deps, namespace, name, result)
         return await _report_refused(deps, written, err)
-    _tell(deps, namespace, name, result)
+    _tell(deps, namespace, name, result, written=written is not body)
     _let_go(deps, released, observed.job.spec.tpu.accelerator, observed.job.spec.tpu.topology)
     finished = result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
     deps.wakes.settled(key, finished=finished, waiting_for=_waiting_for(result, observed))
@@ -392,6 +393,8 @@ def _act(deps: Deps, body: dict[str, object], result: Plan) -> None:
             except ForbiddenError as err:  # no Lease rights here: say so, as for a pod
                 raise PodsRefusedError(lease["metadata"]["name"], err) from err
             deps.recent.note(fenced)
+            # The fence made or found the Lease: creating it again would only be refused.
+            deps.recent.note(f"Lease/{namespace}/{lease['metadata']['name']}")
     for rejoin in result.rejoin_pods:  # after the fence: the old attempt can no longer commit
         deps.writer.rejoin_pod(namespace, rejoin)
     _create_all(deps, result.create, str(meta.get("uid") or ""))
@@ -426,7 +429,7 @@ def _lease_access(deps: Deps, namespace: str) -> None:
     deps.recent.note(done)
 
 
-def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
+def _tell(deps: Deps, namespace: str, name: str, result: Plan, *, written: bool = True) -> None:
     status = result.status
     if result.diagnosis is not None:
         d = result.diagnosis
@@ -439,7 +442,7 @@ def _tell(deps: Deps, namespace: str, name: str, result: Plan) -> None:
         namespace, name, status.phase, status.goodput, status.failed_node_budget_left
     )
     if status.goodput_breakdown is not None:
-        deps.metrics.record_breakdown(namespace, name, status.goodput_breakdown)
+        deps.metrics.record_breakdown(namespace, name, status.goodput_breakdown, written=written)
 
 
 async def _report_slow_plan(deps: Deps, body: dict[str, Any], observed: Observed) -> float:

@@ -138,13 +138,19 @@ class ApiWriter:
         token = {contract.LEASE_FENCE_ANNOTATION: str(attempt)}
         if ours:
             token[contract.LEASE_FENCE_JOB_ANNOTATION] = min(ours)
+        body = {
+            **lease,
+            "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **token}},
+        }
+        if attempt == 1:
+            # A job's first attempt almost always makes its Lease: made with the token, a
+            # launch spends one request on it, not a read that finds nothing and then a create.
+            with contextlib.suppress(ConflictError):  # left by an earlier job of the name
+                call(self.coordination.create_namespaced_lease, namespace, body)
+                return
         try:
             current = call(self.coordination.read_namespaced_lease, name, namespace)
         except NotFoundError:
-            body = {
-                **lease,
-                "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **token}},
-            }
             call(self.coordination.create_namespaced_lease, namespace, body)
             return
         notes = current.metadata.annotations or {}

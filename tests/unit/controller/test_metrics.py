@@ -69,3 +69,16 @@ def test_a_job_recorded_again_after_it_was_forgotten_shows_again() -> None:
         assert values['tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'] == 90
         metrics.forget_job("a", "one")
         assert not any('job="one"' in k for k in scrape(metrics))
+
+
+def test_a_breakdown_follows_the_status_writes_but_a_job_without_series_shows_at_once() -> None:
+    metrics = Metrics()
+    parts = GoodputBreakdown(wall_seconds=100, productive=90)
+    metric = 'tpujob_goodput_seconds{category="productive",job="one",namespace="a"}'
+    metrics.record_breakdown("a", "one", parts, written=False)  # first seen: shown
+    assert scrape(metrics)[metric] == 90
+    later = parts.model_copy(update={"productive": 95})
+    metrics.record_breakdown("a", "one", later, written=False)  # only the clock moved
+    assert scrape(metrics)[metric] == 90
+    metrics.record_breakdown("a", "one", later, written=True)
+    assert scrape(metrics)[metric] == 95

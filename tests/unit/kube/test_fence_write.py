@@ -23,8 +23,10 @@ class FakeLeases:
         self.owner, self.annotations = owner, annotations
         self.created: dict[str, Any] | None = None
         self.patches: list[dict[str, Any]] = []
+        self.calls: list[str] = []
 
     def read_namespaced_lease(self, name: str, namespace: str, **_: Any) -> Any:
+        self.calls.append("read")
         if self.owner is None:
             raise ApiException(status=404, reason="NotFound")
         return SimpleNamespace(
@@ -36,11 +38,15 @@ class FakeLeases:
         )
 
     def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.calls.append("create")
+        if self.owner is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
         self.created = body
 
     def patch_namespaced_lease(
         self, name: str, namespace: str, body: dict[str, Any], **_: Any
     ) -> None:
+        self.calls.append("patch")
         self.patches.append(body["metadata"])
 
 
@@ -63,10 +69,16 @@ def fenced(leases: FakeLeases, attempt: int) -> FakeLeases:
     return leases
 
 
-def test_a_new_lease_carries_the_token_and_the_jobs_uid() -> None:
-    leases = fenced(FakeLeases(None, {}), 1)
+@pytest.mark.parametrize(
+    ("attempt", "calls"),
+    [(1, ["create"]), (2, ["read", "create"])],
+    ids=["first-attempt-creates-at-once", "later-attempt-reads-first"],
+)
+def test_a_new_lease_carries_the_token_and_the_jobs_uid(attempt: int, calls: list[str]) -> None:
+    leases = fenced(FakeLeases(None, {}), attempt)
     assert leases.created is not None
-    assert leases.created["metadata"]["annotations"] == {FENCE: "1", JOB: OURS}
+    assert leases.created["metadata"]["annotations"] == {FENCE: str(attempt), JOB: OURS}
+    assert leases.calls == calls
 
 
 @pytest.mark.parametrize(
