@@ -16,7 +16,8 @@ two reconciles in five of the burst.
 Anything in motion keeps the operator's short poll, since its timers are not all deadlines
 here: a pod being deleted or reported ended (force-delete and lost-peer graces), a container
 refused a start (judged a failure after its grace), a node whose trouble is still within its
-grace, a spare pool being taken, or effects this reconcile sends.
+grace, or effects this reconcile sends (pods made for a spare pool among them; once made, they
+too wait for the scheduler's binding, an event).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ node with a container that has not started.
 Pure; part of planning. Neither is a failure by itself: a pod the scheduler cannot place may
 get a node once the autoscaler adds one, and a container waiting in `ContainerCreating` may be
 waiting for its volume's claim to bind. But a job that waits with nothing said looks hung, so
-after a grace the Running condition names the first such pod and what it waits for. Waiting
+after a grace the Running condition names one such pod and what it waits for. Waiting
 states that already say the kubelet failed to start the container (an image it cannot pull, a
 missing Secret) are failures and diagnosed (`tpujob.observed.trouble.FAILED_START_REASONS`).
 
