@@ -160,11 +160,16 @@ class JobBook:
         self.parsed[key] = (version, job)
         return job
 
+    def forget_parse(self, key: JobKey) -> None:
+        """Drop the job's parse and its status's dump (a finished job is rarely reconciled
+        again: not worth their memory)."""
+        self.parsed.pop(key, None)
+        self.dumped.pop(key, None)
+
     def forget(self, key: JobKey) -> None:
         self.written.pop(key, None)
         self.progress_written.pop(key, None)
-        self.parsed.pop(key, None)
-        self.dumped.pop(key, None)
+        self.forget_parse(key)
         self.awaiting_finalizer.discard(key)
 
 

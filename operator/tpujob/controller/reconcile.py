@@ -164,8 +164,7 @@ async def _reconcile(deps: Deps, namespace: str, name: str) -> float | None:
     finished = result.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
     deps.wakes.settled(key, finished=finished, waiting_for=_waiting_for(result, observed))
     if finished:
-        deps.jobs.parsed.pop(key, None)  # rarely reconciled again: not worth its memory
-        deps.jobs.dumped.pop(key, None)
+        deps.jobs.forget_parse(key)
     return result.requeue_after
 
 

@@ -19,8 +19,12 @@ def restored() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("restored")
-def test_tuning_freezes_what_exists_and_raises_the_thresholds() -> None:
-    made_at_start_up = [object() for _ in range(10)]
+def test_tuning_takes_what_start_up_made_out_of_the_collectors_walks() -> None:
+    made_at_start_up: list[list[int]] = [[n] for n in range(10)]
+    assert any(o is made_at_start_up for o in gc.get_objects())
     collector.tune()
     assert gc.get_threshold() == (collector.YOUNG_THRESHOLD, *collector.OLDER_THRESHOLDS)
-    assert gc.get_freeze_count() >= len(made_at_start_up)
+    # Frozen: in the permanent generation, which no collection walks.
+    assert not any(o is made_at_start_up for o in gc.get_objects())
+    made_after = [[0]]
+    assert any(o is made_after for o in gc.get_objects())
