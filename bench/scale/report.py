@@ -126,6 +126,7 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
             for r in runs:
                 if r["arm"] == arm and r["size"] == largest and "result" in r:
                     _curve(axes[1], r, r["result"].get("running_pods_over_time") or [])
+                    _stages(axes[1], r, r["result"].get("pod_stages_over_time") or [])
         axes[0].set(
             xlabel="pools = workloads created at once",
             ylabel="create -> all pods Running (s)",
@@ -133,7 +134,7 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
         )
         axes[1].set(
             xlabel="seconds since the creates",
-            ylabel="pods Running",
+            ylabel="pods Running (dotted: created, dashed: bound)",
             title=f"pods Running over time, size {largest}, every run",
         )
     elif scenario == "drain":
@@ -194,6 +195,19 @@ def _curve(ax: Any, run: dict[str, Any], curve: list[list[float]]) -> None:
         alpha=0.8,
         label=f"{run['arm']} run {run['run']}",
     )
+
+
+def _stages(ax: Any, run: dict[str, Any], stages: list[list[float]]) -> None:
+    """One run's pods created (dotted) and bound (dashed), thin, in its arm's colour."""
+    for column, style in ((1, ":"), (2, "--")):
+        ax.plot(
+            [s[0] for s in stages],
+            [s[column] for s in stages],
+            style,
+            color=COLORS.get(run["arm"]),
+            alpha=0.6,
+            linewidth=0.8,
+        )
 
 
 def _error_bars(cells: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float]]:

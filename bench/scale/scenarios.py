@@ -73,11 +73,25 @@ def launch(
 
 
 def wait(
-    done: Any, timeout: float, series: list[tuple[float, int]], t0: float, tracker: Tracker
+    done: Any,
+    timeout: float,
+    series: list[tuple[float, int]],
+    t0: float,
+    tracker: Tracker,
+    *,
+    stages: list[tuple[float, int, int, int]] | None = None,
 ) -> bool:
+    """Until `done()` or the timeout; samples the Running pods (and, given `stages`, the pods
+    created, bound and Running) every half second."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        series.append((round(time.monotonic() - t0, 2), tracker.running_count()))
+        at = round(time.monotonic() - t0, 2)
+        if stages is None:
+            series.append((at, tracker.running_count()))
+        else:
+            created, bound, running = tracker.stage_counts()
+            series.append((at, running))
+            stages.append((at, created, bound, running))
         if done():
             return True
         time.sleep(0.5)
@@ -101,7 +115,8 @@ def ladder(
 ) -> dict[str, Any]:
     tracker, created, t0, before = launch(cluster, shape, count)
     series: list[tuple[float, int]] = []
-    ok = wait(lambda: len(tracker.running_at) >= count, timeout, series, t0, tracker)
+    stages: list[tuple[float, int, int, int]] = []
+    ok = wait(lambda: len(tracker.running_at) >= count, timeout, series, t0, tracker, stages=stages)
     after = cluster.snapshot()
     tracker.stop()
     latencies = [tracker.running_at[w] - t for w, t in created.items() if w in tracker.running_at]
@@ -121,6 +136,8 @@ def ladder(
         **placement(tracker),
         "cost": cost(cluster.arm, before, after),
         "running_pods_over_time": series[:: max(1, len(series) // 200)],
+        # [seconds, pods created, bound, Running]: where a stall is (`Tracker.stage_counts`)
+        "pod_stages_over_time": stages[:: max(1, len(stages) // 200)],
     }
 
 

@@ -1,5 +1,7 @@
 """Pod timelines seen from outside, the same for every arm: a watch thread stamps local arrival
-times of each workload's pods reaching Running and Succeeded.
+times of each workload's pods reaching Running and Succeeded, and counts the pods at each stage
+(created, bound to a node, Running), so a stall shows where it is: in the controller (no pods),
+the scheduler (pods, none bound) or the node (bound, not Running).
 
 A workload is *running* when it has as many Running pods as its slice has hosts, counting only
 pods not being deleted and not excluded (the pods a fault hit), so a restart is over only when
@@ -126,3 +128,13 @@ class Tracker:
     def running_count(self) -> int:
         with self.lock:
             return sum(1 for p in self.pods.values() if p.phase == "Running" and not p.deleting)
+
+    def stage_counts(self) -> tuple[int, int, int]:
+        """Pods not being deleted: (created, bound to a node, Running)."""
+        with self.lock:
+            live = [p for p in self.pods.values() if not p.deleting]
+        return (
+            len(live),
+            sum(1 for p in live if p.node),
+            sum(1 for p in live if p.phase == "Running"),
+        )
