@@ -134,7 +134,7 @@ def plot(scenario: str, runs: list[dict[str, Any]], summary: dict[str, Any], pat
         )
         axes[1].set(
             xlabel="seconds since the creates",
-            ylabel="pods Running (dotted: created, dashed: bound)",
+            ylabel="pods Running (thin: created, bound, refused a node)",
             title=f"pods Running over time, size {largest}, every run",
         )
     elif scenario == "drain":
@@ -198,11 +198,12 @@ def _curve(ax: Any, run: dict[str, Any], curve: list[list[float]]) -> None:
 
 
 def _stages(ax: Any, run: dict[str, Any], stages: list[list[float]]) -> None:
-    """One run's pods created (dotted) and bound (dashed), thin, in its arm's colour."""
-    for column, style in ((1, ":"), (2, "--")):
+    """One run's pods created (dotted), bound (dashed) and refused a node by the scheduler
+    (dash-dot), thin, in its arm's colour."""
+    for column, style in ((1, ":"), (2, "--"), (4, "-.")):
         ax.plot(
             [s[0] for s in stages],
-            [s[column] for s in stages],
+            [s[column] if len(s) > column else 0 for s in stages],
             style,
             color=COLORS.get(run["arm"]),
             alpha=0.6,

@@ -79,19 +79,19 @@ def wait(
     t0: float,
     tracker: Tracker,
     *,
-    stages: list[tuple[float, int, int, int]] | None = None,
+    stages: list[tuple[float, int, int, int, int]] | None = None,
 ) -> bool:
     """Until `done()` or the timeout; samples the Running pods (and, given `stages`, the pods
-    created, bound and Running) every half second."""
+    created, bound, Running and refused a node) every half second."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         at = round(time.monotonic() - t0, 2)
         if stages is None:
             series.append((at, tracker.running_count()))
         else:
-            created, bound, running = tracker.stage_counts()
-            series.append((at, running))
-            stages.append((at, created, bound, running))
+            counts = tracker.stage_counts()
+            series.append((at, counts[2]))
+            stages.append((at, *counts))
         if done():
             return True
         time.sleep(0.5)
@@ -115,7 +115,7 @@ def ladder(
 ) -> dict[str, Any]:
     tracker, created, t0, before = launch(cluster, shape, count)
     series: list[tuple[float, int]] = []
-    stages: list[tuple[float, int, int, int]] = []
+    stages: list[tuple[float, int, int, int, int]] = []
     ok = wait(lambda: len(tracker.running_at) >= count, timeout, series, t0, tracker, stages=stages)
     after = cluster.snapshot()
     tracker.stop()
@@ -136,8 +136,9 @@ def ladder(
         **placement(tracker),
         "cost": cost(cluster.arm, before, after),
         "running_pods_over_time": series[:: max(1, len(series) // 200)],
-        # [seconds, pods created, bound, Running]: where a stall is (`Tracker.stage_counts`)
+        # [seconds, pods created, bound, Running, refused a node]: where a stall is
         "pod_stages_over_time": stages[:: max(1, len(stages) // 200)],
+        "unschedulable_messages": dict(tracker.unschedulable_messages),
     }
 
 

@@ -1,7 +1,8 @@
 """Pod timelines seen from outside, the same for every arm: a watch thread stamps local arrival
 times of each workload's pods reaching Running and Succeeded, and counts the pods at each stage
-(created, bound to a node, Running), so a stall shows where it is: in the controller (no pods),
-the scheduler (pods, none bound) or the node (bound, not Running).
+(created, bound to a node, Running, and those the scheduler found no node for), so a stall shows
+where it is: in the controller (no pods), the scheduler (pods, none bound; with the scheduler's
+own words, a few kept) or the node (bound, not Running).
 
 A workload is *running* when it has as many Running pods as its slice has hosts, counting only
 pods not being deleted and not excluded (the pods a fault hit), so a restart is over only when
@@ -27,6 +28,10 @@ class PodState:
     phase: str
     deleting: bool
     node: str
+    unschedulable: bool = False
+
+
+MESSAGES_KEPT = 20  # the scheduler's words vary with the cluster's counts: a few are enough
 
 
 @dataclass
@@ -40,6 +45,8 @@ class Tracker:
     pod_running_at: dict[str, float] = field(default_factory=dict)
     succeeded: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     excluded: set[str] = field(default_factory=set)
+    # The scheduler's messages on pods it could not place -> how many times each was seen.
+    unschedulable_messages: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: bool = False
 
@@ -74,6 +81,14 @@ class Tracker:
         if workload is None:
             return
         phase = status.get("phase", "")
+        refused = next(
+            (
+                c
+                for c in status.get("conditions") or ()
+                if c.get("type") == "PodScheduled" and c.get("status") == "False"
+            ),
+            None,
+        )
         with self.lock:
             if kind == "DELETED":
                 self.pods.pop(name, None)
@@ -83,7 +98,14 @@ class Tracker:
                     phase,
                     bool(meta.get("deletionTimestamp")),
                     (pod.get("spec") or {}).get("nodeName") or "",
+                    refused is not None,
                 )
+            if refused is not None:
+                said = str(refused.get("message") or refused.get("reason") or "")
+                if said in self.unschedulable_messages or (
+                    len(self.unschedulable_messages) < MESSAGES_KEPT
+                ):
+                    self.unschedulable_messages[said] = self.unschedulable_messages.get(said, 0) + 1
             if phase == "Running":
                 self.pod_running_at.setdefault(name, now)
             if phase == "Succeeded":
@@ -129,12 +151,14 @@ class Tracker:
         with self.lock:
             return sum(1 for p in self.pods.values() if p.phase == "Running" and not p.deleting)
 
-    def stage_counts(self) -> tuple[int, int, int]:
-        """Pods not being deleted: (created, bound to a node, Running)."""
+    def stage_counts(self) -> tuple[int, int, int, int]:
+        """Pods not being deleted: (created, bound to a node, Running, refused a node by the
+        scheduler and not bound since)."""
         with self.lock:
             live = [p for p in self.pods.values() if not p.deleting]
         return (
             len(live),
             sum(1 for p in live if p.node),
             sum(1 for p in live if p.phase == "Running"),
+            sum(1 for p in live if p.unschedulable and not p.node),
         )

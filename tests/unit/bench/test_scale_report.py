@@ -40,7 +40,7 @@ def _ladder_run(arm: str, run: int, p50: float) -> dict[str, Any]:
             "makespan_s": 210.0,
             "workloads_running": 250,
             "running_pods_over_time": curve,
-            "pod_stages_over_time": [[t, n + 40, n + 20, n] for t, n in curve],
+            "pod_stages_over_time": [[t, n + 40, n + 20, n, 10] for t, n in curve],
         },
     }
 
