@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "bench")]
 
-from scale import cluster, peers, report, scenarios, workloads  # noqa: E402
+from scale import cluster, heartbeats, peers, report, scenarios, workloads  # noqa: E402
 
 from tpujob.local.binaries import binary_dir  # noqa: E402
 
@@ -168,6 +168,10 @@ def one_run(
         for name, proc in arm_cluster.procs.items():
             if not proc.alive():
                 record.setdefault("exited", []).append(name)
+        if (kwok := arm_cluster.procs.get("kwok")) is not None:
+            record["fake_node_heartbeats"] = heartbeats.summary(
+                kwok.log_path, settings.node_monitor_grace_seconds
+            )
         if a.keep_logs is not None:  # the components' logs, for a run worth a closer look
             kept = a.keep_logs / f"{scenario}-{size}-{arm}-{run}"
             kept.mkdir(parents=True, exist_ok=True)
