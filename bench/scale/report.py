@@ -9,7 +9,13 @@ from typing import Any
 from scale.stats import spread
 
 BASELINE = "jobset"
-COLORS = {"tpujob": "tab:blue", "jobset": "tab:orange", "job": "tab:green"}
+COLORS = {
+    "tpujob": "tab:blue",
+    "tpujob-kueue": "tab:cyan",
+    "jobset": "tab:orange",
+    "jobset-kueue": "tab:red",
+    "job": "tab:green",
+}
 
 
 def _get(run: dict[str, Any], path: str) -> Any:
