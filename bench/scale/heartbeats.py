@@ -16,6 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from scale.stats import dist
+
 RENEWALS = ("Syncing lease", "Creating lease")
 
 
@@ -46,14 +48,9 @@ def summary(log: Path, grace_seconds: float) -> dict[str, Any]:
         return {}
     with log.open(encoding="utf-8", errors="replace") as lines:
         found = gaps(lines)
-    if not found:
-        return {"renewals": 0}
-    seen = sorted(g for _, g in found)
     late = [node for node, g in found if g > grace_seconds]
     return {
-        "renewals": len(seen),
-        "gap_p50_s": round(seen[len(seen) // 2], 1),
-        "gap_max_s": round(seen[-1], 1),
+        "gap_s": dist([g for _, g in found]),  # n: the renewals seen after a node's first
         "grace_s": grace_seconds,
         "gaps_past_grace": len(late),
         "nodes_past_grace": len(set(late)),

@@ -209,7 +209,7 @@ def _stages(ax: Any, run: dict[str, Any], stages: list[list[float]]) -> None:
     for column, style in ((1, ":"), (2, "--"), (4, "-.")):
         ax.plot(
             [s[0] for s in stages],
-            [s[column] if len(s) > column else 0 for s in stages],
+            [s[column] for s in stages],
             style,
             color=COLORS.get(run["arm"]),
             alpha=0.6,

@@ -86,11 +86,9 @@ def wait(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         at = round(time.monotonic() - t0, 2)
-        if stages is None:
-            series.append((at, tracker.running_count()))
-        else:
-            counts = tracker.stage_counts()
-            series.append((at, counts[2]))
+        counts = tracker.stage_counts()
+        series.append((at, counts[2]))
+        if stages is not None:
             stages.append((at, *counts))
         if done():
             return True

@@ -148,8 +148,7 @@ class Tracker:
             return dict(self.pods)
 
     def running_count(self) -> int:
-        with self.lock:
-            return sum(1 for p in self.pods.values() if p.phase == "Running" and not p.deleting)
+        return self.stage_counts()[2]
 
     def stage_counts(self) -> tuple[int, int, int, int]:
         """Pods not being deleted: (created, bound to a node, Running, refused a node by the

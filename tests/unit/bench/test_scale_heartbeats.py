@@ -33,9 +33,7 @@ def test_the_summary_counts_renewals_later_than_the_grace(tmp_path: Path) -> Non
     log = tmp_path / "kwok.log"
     log.write_text("\n".join(LOG) + "\n")
     assert heartbeats.summary(log, grace_seconds=50) == {
-        "renewals": 4,
-        "gap_p50_s": 10.0,
-        "gap_max_s": 90.0,
+        "gap_s": {"n": 4, "p50": 10.0, "p99": 87.6, "max": 90.0},
         "grace_s": 50,
         "gaps_past_grace": 1,
         "nodes_past_grace": 1,
